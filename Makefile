@@ -1,0 +1,59 @@
+# nvlfabric — every set-up step is a target here; a fresh clone needs only `make demo` / `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export GOTOOLCHAIN := local
+
+.PHONY: all venv tools nvml test check lint typecheck demo demo-down sim-up sim-down bench clean
+
+all: tools venv
+
+# The virtualenv is rebuilt when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@echo "[venv] creating $(VENV) and installing nvlfabric with its dev dependencies"
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	@$(VPY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+# Go-built tools (Pulumi CLI + language host, Kubernetes provider plugin, etcd, kube-*),
+# cached outside the checkout by pinned version; seconds when cached.
+tools:
+	@$(PY) tools/build.py
+
+nvml:
+	@$(MAKE) --no-print-directory -C sim/nvml OUT=$(abspath build/nvml)
+
+test: tools venv nvml
+	@$(VPY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	@$(VPY) -m ruff check .
+
+typecheck: venv
+	@$(VPY) -m mypy
+
+check: lint typecheck
+
+sim-up: tools venv
+	@$(VENV)/bin/nvlfabric-sim up
+
+sim-down: venv
+	@$(VENV)/bin/nvlfabric-sim down
+
+demo: tools venv nvml
+	@$(VPY) -m stacks.demo up
+
+demo-down: venv
+	@$(VPY) -m stacks.demo down
+
+bench: tools venv nvml
+	@mkdir -p bench/results
+	@set -e; for b in bench/*.py; do echo "[bench] $$b"; $(VPY) $$b; done
+
+clean:
+	rm -rf build $(VENV)

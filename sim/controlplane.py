@@ -1,0 +1,314 @@
+"""The local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager.
+
+All four are the real binaries `make tools` builds from Go modules, run on loopback with generated
+certificates (see pki.py). `up` is idempotent: a second `up` while everything runs changes nothing.
+A failed `up` stops whatever it had started, so a half-started control plane never stays behind.
+
+State directory layout:
+    controlplane.json   ports, admin token and the running processes (pid + start time)
+    controlplane.lock   held (flock) while up/down run; removed by down
+    kubeconfig          admin kubeconfig (token auth, CA embedded)
+    pki/                CA, serving cert, service-account key, token file
+    etcd/               etcd data (removed by down: every up starts an empty cluster)
+    logs/<name>.log     each component's output (kept after down, for post-mortems)
+    pulumi/             the file:// Pulumi backend that `nvlfabric-sim env` points at
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+
+from sim import pki, processes
+from sim.paths import Tools, load_tools
+from sim.processes import ProcessRecord
+
+START_TIMEOUT_S = 90.0  # contended 2-core CI machines take 30 s+ for RBAC bootstrap alone
+POLL_INTERVAL_S = 0.2
+
+
+class Ports(BaseModel):
+    """Loopback ports; the defaults sit away from a real cluster's (2379, 6443, 10259)."""
+
+    etcd_client: int = 23790
+    etcd_peer: int = 23800
+    apiserver: int = 26443
+    scheduler: int = 20259
+
+    def flags(self) -> dict[str, str]:
+        return {"etcd_client": "--etcd-port", "etcd_peer": "--etcd-peer-port",
+                "apiserver": "--apiserver-port", "scheduler": "--scheduler-port"}
+
+
+class State(BaseModel):
+    ports: Ports
+    token: str
+    processes: list[ProcessRecord]
+    started_at: float
+    ready_s: float | None = None
+
+
+class ControlPlaneError(RuntimeError):
+    """Something the user must act on; the message says what and how."""
+
+
+@dataclass
+class ControlPlane:
+    state_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    progress: Callable[[str], None] = print
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "controlplane.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def backend_dir(self) -> Path:
+        return self.state_dir / "pulumi"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def load_state(self) -> State | None:
+        try:
+            return State.model_validate_json(self.state_file.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            # A torn or foreign file: treat as "nothing recorded"; `down` still cleans the dir.
+            return None
+
+    def _save_state(self, state: State) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(state.model_dump_json(indent=2))
+        tmp.replace(self.state_file)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = self.state_dir / "controlplane.lock"
+        with lock.open("w") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ControlPlaneError(
+                    f"another nvlfabric-sim command is working on {self.state_dir}; wait for it to finish"
+                ) from None
+            yield
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def component_status(self) -> dict[str, bool]:
+        state = self.load_state()
+        if state is None:
+            return {}
+        return {rec.name: processes.alive(rec) for rec in state.processes}
+
+    def running(self) -> bool:
+        status = self.component_status()
+        return bool(status) and all(status.values())
+
+    # -- up --------------------------------------------------------------------------------------
+
+    def up(self) -> bool:
+        """Start everything; returns False when it was already running (nothing changed)."""
+        with self._locked():
+            state = self.load_state()
+            if state is not None:
+                if self.running():
+                    self.ports = state.ports
+                    return False
+                # Leftovers of a crash: stop what survives before starting afresh.
+                self._stop_all(state)
+            tools = load_tools()
+            self._check_ports()
+            started = time.monotonic()
+            token = pki.generate(self.state_dir / "pki")
+            self._write_kubeconfig(token)
+            self.backend_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+            state = State(ports=self.ports, token=token, processes=[], started_at=time.time())
+            try:
+                self._start_etcd(tools, state)
+                self._start_apiserver(tools, state)
+                self._start_scheduler(tools, state)
+                self._start_controller_manager(tools, state)
+                self._wait_workloads_admissible(state)
+            except BaseException:
+                self._stop_all(state)
+                self.state_file.unlink(missing_ok=True)
+                raise
+            state.ready_s = round(time.monotonic() - started, 2)
+            self._save_state(state)
+            self.progress(f"control plane ready in {state.ready_s:.1f}s at {self.server}")
+            return True
+
+    def _check_ports(self) -> None:
+        for attr, flag in self.ports.flags().items():
+            port = getattr(self.ports, attr)
+            if processes.port_in_use(port):
+                raise ControlPlaneError(
+                    f"port {port} on 127.0.0.1 ({attr.replace('_', ' ')}) is already in use by another "
+                    f"process; stop it, or choose another port with `nvlfabric-sim up {flag} PORT`"
+                )
+
+    def _launch(self, state: State, name: str, argv: list[str]) -> ProcessRecord:
+        self.progress(f"starting {name}")
+        rec = processes.spawn(name, argv, self.state_dir / "logs" / f"{name}.log")
+        state.processes.append(rec)
+        self._save_state(state)
+        return rec
+
+    def _wait(self, state: State, what: str, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for rec in state.processes:
+                if not processes.alive(rec):
+                    raise ControlPlaneError(
+                        f"{rec.name} exited while waiting for {what}; last lines of {rec.log}:\n"
+                        f"{processes.log_tail(rec.log)}"
+                    )
+            if check():
+                return
+            time.sleep(POLL_INTERVAL_S)
+        raise ControlPlaneError(f"timed out after {START_TIMEOUT_S:.0f}s waiting for {what}; logs in "
+                                f"{self.state_dir / 'logs'}")
+
+    def _start_etcd(self, tools: Tools, state: State) -> None:
+        p = self.ports
+        peer = f"http://127.0.0.1:{p.etcd_peer}"
+        self._launch(state, "etcd", [
+            str(tools.binary("etcd")), "--name=nvlfabric-sim", f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=nvlfabric-sim={peer}",
+            # A disposable test cluster: durability costs fsyncs the 2-core machine cannot spare.
+            "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296",
+        ])
+        self._wait(state, "etcd /health", lambda: _http_ok(f"http://127.0.0.1:{p.etcd_client}/health"))
+
+    def _start_apiserver(self, tools: Tools, state: State) -> None:
+        p, pki_dir = self.ports, self.state_dir / "pki"
+        self._launch(state, "kube-apiserver", [
+            str(tools.binary("kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+            "--bind-address=127.0.0.1", f"--secure-port={p.apiserver}", "--advertise-address=127.0.0.1",
+            # Loopback only: stop the "kubernetes" Service endpoint reconciler fighting 127.0.0.1.
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
+            f"--client-ca-file={pki_dir / 'ca.crt'}",
+            f"--token-auth-file={pki_dir / 'tokens.csv'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki_dir / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
+            "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--cert-dir={pki_dir}", "--v=1",
+        ])
+        self._wait(state, "kube-apiserver /readyz", lambda: self._api_ok(state.token, "/readyz"))
+        self._wait(state, "resource.k8s.io/v1 to be served",
+                   lambda: self._api_ok(state.token, "/apis/resource.k8s.io/v1"))
+
+    def _start_scheduler(self, tools: Tools, state: State) -> None:
+        p = self.ports
+        self._launch(state, "kube-scheduler", [
+            str(tools.binary("kube-scheduler")), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
+            f"--cert-dir={self.state_dir / 'pki' / 'scheduler'}", "--v=1",
+        ])
+        self._wait(state, "kube-scheduler /healthz",
+                   lambda: _http_ok(f"https://127.0.0.1:{p.scheduler}/healthz", insecure=True))
+
+    def _start_controller_manager(self, tools: Tools, state: State) -> None:
+        pki_dir = self.state_dir / "pki"
+        self._launch(state, "kube-controller-manager", [
+            str(tools.binary("kube-controller-manager")), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
+            "--controllers=*", "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={pki_dir / 'sa.key'}", f"--root-ca-file={pki_dir / 'ca.crt'}",
+            "--cluster-name=nvlfabric-sim", "--v=1",
+        ])
+
+    def _wait_workloads_admissible(self, state: State) -> None:
+        # Pods are rejected until the service-account controller made `default/default`; waiting
+        # for it proves the controller manager is working, not just alive.
+        self._wait(state, "the controller manager to create ServiceAccount default/default",
+                   lambda: self._api_ok(state.token, "/api/v1/namespaces/default/serviceaccounts/default"))
+
+    def _api_ok(self, token: str, path: str) -> bool:
+        return _http_ok(self.server + path, token=token, cafile=self.state_dir / "pki" / "ca.crt")
+
+    def _write_kubeconfig(self, token: str) -> None:
+        ca = (self.state_dir / "pki" / "ca.crt").read_bytes()
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "nvlfabric-sim",
+            "clusters": [{"name": "nvlfabric-sim", "cluster": {
+                "server": self.server, "certificate-authority-data": base64.b64encode(ca).decode()}}],
+            "users": [{"name": pki.ADMIN_USER, "user": {"token": token}}],
+            "contexts": [{"name": "nvlfabric-sim", "context": {
+                "cluster": "nvlfabric-sim", "user": pki.ADMIN_USER, "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    # -- down ------------------------------------------------------------------------------------
+
+    def _stop_all(self, state: State) -> None:
+        for rec in reversed(state.processes):
+            if processes.alive(rec):
+                self.progress(f"stopping {rec.name} (pid {rec.pid})")
+            processes.stop(rec)
+
+    def down(self) -> bool:
+        """Stop everything; returns False when nothing was running."""
+        with self._locked():
+            state = self.load_state()
+            was_running = state is not None and any(processes.alive(r) for r in state.processes)
+            if state is not None:
+                self._stop_all(state)
+            self.state_file.unlink(missing_ok=True)
+            shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+        (self.state_dir / "controlplane.lock").unlink(missing_ok=True)
+        return was_running
+
+
+def _http_ok(url: str, *, token: str | None = None, cafile: Path | None = None, insecure: bool = False) -> bool:
+    ctx: ssl.SSLContext | None = None
+    if url.startswith("https"):
+        if insecure:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        else:
+            ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False

@@ -1,0 +1,83 @@
+"""Certificates and credentials for the local control plane.
+
+One throwaway CA signs the API server's serving certificate; a separate RSA key signs service
+account tokens; the admin credential is a bearer token listed in the API server's token file
+(user `nvlfabric-admin`, group `system:masters`). Everything is regenerated on every `up`: the
+cluster is disposable, and fresh material means no stale trust between runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+ADMIN_USER = "nvlfabric-admin"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def generate(pki_dir: Path) -> str:
+    """Write ca.crt, apiserver.crt/.key, sa.key/.pub and tokens.csv; return the admin token."""
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=365))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nvlfabric-sim-ca")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0]).not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    srv_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.DNSName("localhost"), x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"), x509.DNSName("kubernetes.default.svc.cluster.local"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    srv_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0]).not_valid_after(valid[1])
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    (pki_dir / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(pki_dir / "ca.key", _key_pem(ca_key))
+    (pki_dir / "apiserver.crt").write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(pki_dir / "apiserver.key", _key_pem(srv_key))
+
+    # Service-account tokens are RS256-signed by default; the API server verifies with the key.
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_private(pki_dir / "sa.key", _key_pem(sa_key))
+    (pki_dir / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+    token = secrets.token_hex(24)
+    _write_private(pki_dir / "tokens.csv", f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'.encode())
+    return token

@@ -1,0 +1,49 @@
+"""Suite-wide fixtures: one real control plane for the whole session.
+
+The control plane is the real etcd/kube-apiserver/kube-scheduler/kube-controller-manager that
+`make tools` builds. If one is already running in the test state directory (e.g. a developer's
+`NVLFABRIC_TEST_SIM_DIR`), the suite uses it and leaves it running; otherwise it starts one on
+ports of its own (so a `make demo` cluster is never disturbed) and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+
+from sim.controlplane import ControlPlane, Ports
+from sim.paths import REPO
+
+TEST_PORTS = Ports(etcd_client=33790, etcd_peer=33800, apiserver=36443, scheduler=30259)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    controlplane: ControlPlane
+    kubeconfig: Path
+    client: Client
+
+
+def _progress(msg: str) -> None:
+    print(f"[control plane] {msg}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    state_dir = Path(os.environ.get("NVLFABRIC_TEST_SIM_DIR") or REPO / "build" / "test-sim")
+    cp = ControlPlane(state_dir=state_dir, ports=TEST_PORTS, progress=_progress)
+    started = cp.up()
+    client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="nvlfabric-tests")
+    try:
+        yield Cluster(controlplane=cp, kubeconfig=cp.kubeconfig, client=client)
+    finally:
+        client.close()
+        if started:
+            cp.down()

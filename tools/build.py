@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""Build nvlfabric's Go-based tools from pinned Go modules, cached outside the checkout.
+
+Every tool is built by `go build` inside a wrapper module under tools/ (go.mod + go.sum pin the
+exact versions). Results land in a per-user cache keyed by tool, pinned version, platform and a
+hash of the wrapper's files, so a fresh clone (and CI on the same machine) reuses them:
+
+    ${NVLFABRIC_TOOLS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/nvlfabric/tools}/<tool>-<version>-<os>-<arch>-<hash>/
+
+The checkout gets only links: build/bin/ (every binary, the Pulumi CLI first among them),
+build/pulumi-home/plugins/ (the Kubernetes provider, installed the way `pulumi plugin install`
+lays it out) and build/tools.json, the manifest that `nvlfabric-sim` reads.
+
+Only the standard library is used: this runs before the project's virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOLS_DIR = Path(__file__).resolve().parent
+REPO = TOOLS_DIR.parent
+BUILD = REPO / "build"
+
+KUBERNETES_VERSION = "v1.37.2"
+ETCD_VERSION = "v3.7.3"
+PULUMI_VERSION = "v3.260.0"
+PULUMI_KUBERNETES_VERSION = "v4.25.0"
+# provider/v4 has no tags of its own; this pseudo-version is the commit tagged v4.25.0.
+PULUMI_KUBERNETES_PROVIDER_MODULE = "github.com/pulumi/pulumi-kubernetes/provider/v4"
+PULUMI_KUBERNETES_PROVIDER_COMMIT = "v4.0.0-20260115033456-f47bc2d6f199"
+PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
+
+
+def cache_root() -> Path:
+    if env := os.environ.get("NVLFABRIC_TOOLS_CACHE"):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "nvlfabric" / "tools"
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Never let the go command fetch another toolchain: a too-new module must fail here, clearly.
+    env["GOTOOLCHAIN"] = "local"
+    env["CGO_ENABLED"] = "0"
+    env.setdefault("GOFLAGS", "-mod=readonly")
+    return env
+
+
+def goos_goarch() -> str:
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return f"{platform.system().lower()}-{arch}"
+
+
+def log(msg: str) -> None:
+    print(f"[tools] {msg}", flush=True)
+
+
+class BuildError(Exception):
+    """A tool failed to build; the message names the module, the version and the first error."""
+
+
+@dataclass
+class Step:
+    """One command of a tool's recipe."""
+
+    what: str
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str] = field(default_factory=go_env)
+
+
+@dataclass
+class Tool:
+    name: str
+    module: str  # the Go module whose code is built, for error messages
+    version: str
+    wrapper: Path
+    binaries: list[str]
+    recipe: Callable[[Tool, Path], list[Step]]
+    extra_inputs: list[Path] = field(default_factory=list)
+
+    def key(self) -> str:
+        h = hashlib.sha256()
+        for path in sorted([*self.wrapper.rglob("*"), *self.extra_inputs]):
+            if path.is_file():
+                h.update(str(path.relative_to(REPO)).encode())
+                h.update(path.read_bytes())
+        h.update(RECIPE_REVISION.encode())
+        return f"{self.name}-{self.version}-{goos_goarch()}-{h.hexdigest()[:10]}"
+
+    def cache_dir(self) -> Path:
+        return cache_root() / self.key()
+
+
+# Bump when a recipe changes in a way the wrapper files do not show.
+RECIPE_REVISION = "1"
+
+
+def k8s_recipe(tool: Tool, out: Path) -> list[Step]:
+    minor = tool.version.split(".")[1]
+    stamp = " ".join(
+        f"-X {pkg}.{var}"
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for var in (f"gitVersion={tool.version}", "gitMajor=1", f"gitMinor={minor}", "gitTreeState=clean")
+    )
+    pkgs = [f"k8s.io/kubernetes/cmd/{b}" for b in tool.binaries]
+    return [
+        Step(
+            f"go build {' '.join(tool.binaries)}",
+            ["go", "build", "-trimpath", "-ldflags", f"-s -w {stamp}", "-o", str(out) + "/", *pkgs],
+            tool.wrapper,
+        )
+    ]
+
+
+def etcd_recipe(tool: Tool, out: Path) -> list[Step]:
+    return [Step("go build etcd", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"),
+                                   "./cmd/etcd"], tool.wrapper)]
+
+
+def pulumi_recipe(tool: Tool, out: Path) -> list[Step]:
+    version_flag = f"-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={tool.version}"
+    env = go_env()
+    return [
+        Step("go build pulumi", ["go", "build", "-trimpath", "-tags", "osusergo grpcnotrace",
+                                 "-ldflags", f"-s -w {version_flag}", "-o", str(out / "pulumi"),
+                                 "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"], tool.wrapper, env),
+        Step("go build pulumi-language-python",
+             ["go", "build", "-trimpath", "-ldflags", f"-s -w -X main.version={tool.version}",
+              "-o", str(out / "pulumi-language-python"), "./cmd/pulumi-language-python"], tool.wrapper, env),
+    ]
+
+
+def pulumi_assemble(tool: Tool, out: Path) -> None:
+    """Place the non-Go helpers the official distribution ships beside the CLI for Python."""
+    sdk_dir = module_dir("github.com/pulumi/pulumi/sdk/v3", tool.version, tool.wrapper)
+    exec_script = out / "pulumi-language-python-exec"
+    shutil.copyfile(sdk_dir / "python" / "cmd" / "pulumi-language-python-exec", exec_script)
+    exec_script.chmod(0o755)
+    shim = out / "pulumi-resource-pulumi-python"
+    # The dynamic-provider plugin: run the pulumi.dynamic server in the program's Python.
+    shim.write_text(
+        "#!/bin/sh\n"
+        "# Runs Pulumi's Python dynamic-provider server (pulumi.dynamic) with the interpreter\n"
+        "# the program uses: $PULUMI_RUNTIME_VIRTUALENV when set, else python3 on PATH.\n"
+        'if [ -n "${PULUMI_RUNTIME_VIRTUALENV:-}" ]; then\n'
+        '    . "${PULUMI_RUNTIME_VIRTUALENV}/bin/activate"\n'
+        "fi\n"
+        'exec python3 -u -m pulumi.dynamic "$@"\n'
+    )
+    shim.chmod(0o755)
+
+
+def pulumi_kubernetes_recipe(tool: Tool, out: Path) -> list[Step]:
+    """Rebuild the provider's repository layout (provider/ beside sdk/) in a writable copy, run its
+    generate step (it embeds gitignored files made from the committed schema), then build it as
+    its own main module, with its own go.mod and go.sum."""
+    src = out.parent / (out.name + ".src")
+    if src.exists():
+        shutil.rmtree(src)
+    provider = module_dir(PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_PROVIDER_COMMIT, tool.wrapper)
+    sdk = module_dir(PULUMI_KUBERNETES_SDK_MODULE, tool.version, tool.wrapper)
+    shutil.copytree(provider, src / "provider")
+    shutil.copytree(sdk, src / "sdk")
+    for path in [src, *src.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    env = go_env()
+    env["VERSION"] = tool.version.removeprefix("v")
+    cmd_dir = src / "provider" / "cmd" / "pulumi-resource-kubernetes"
+    ldflags = f"-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version={tool.version}"
+    return [
+        Step("go generate (embed the schema)", ["go", "generate", "."], cmd_dir, env),
+        Step("go build pulumi-resource-kubernetes",
+             ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(out / "pulumi-resource-kubernetes"),
+              "./cmd/pulumi-resource-kubernetes"], src / "provider", env),
+    ]
+
+
+def module_dir(module: str, version: str, wrapper: Path) -> Path:
+    """Download a module (checked against the wrapper's go.sum) and return its read-only dir."""
+    res = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd=wrapper,
+                         env=go_env(), capture_output=True, text=True)
+    info = json.loads(res.stdout or "{}")
+    if res.returncode != 0 or "Error" in info or "Dir" not in info:
+        raise BuildError(f"{module}@{version}: download failed: {info.get('Error') or res.stderr.strip()}")
+    return Path(info["Dir"])
+
+
+TOOLS: list[Tool] = [
+    Tool("kubernetes", "k8s.io/kubernetes", KUBERNETES_VERSION, TOOLS_DIR / "kubernetes",
+         ["kube-apiserver", "kube-scheduler", "kube-controller-manager"], k8s_recipe),
+    Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, TOOLS_DIR / "etcd", ["etcd"], etcd_recipe),
+    Tool("pulumi", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi",
+         ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python"],
+         pulumi_recipe, extra_inputs=[Path(__file__)]),
+    Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
+         TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
+]
+
+
+def first_error(output: str) -> str:
+    """The first line that looks like the cause, not the noise around it."""
+    pattern = re.compile(r"(error|cannot|undefined|not found|no required module|invalid|refused|\.go:\d+)", re.I)
+    for line in output.splitlines():
+        if pattern.search(line) and not line.startswith("go: downloading"):
+            return line.strip()
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def run_step(tool: Tool, step: Step, logfile: Path) -> int:
+    """Run one step, ticking progress every 30 s; returns the step's peak RSS in KiB."""
+    start = time.monotonic()
+    with logfile.open("a") as fh:
+        fh.write(f"$ (cd {step.cwd} && {' '.join(step.argv)})\n")
+        fh.flush()
+        proc = subprocess.Popen(step.argv, cwd=step.cwd, env=step.env, stdout=fh, stderr=subprocess.STDOUT)
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(30):
+                log(f"  {tool.name}: {step.what} … {time.monotonic() - start:.0f}s")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        # wait4 reports the largest RSS among the child and the descendants it waited for (the
+        # compiler and linker), which is the peak memory figure we report.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        done.set()
+    if proc.returncode != 0:
+        output = logfile.read_text()
+        raise BuildError(
+            f"{tool.name}: building {tool.module} {tool.version} failed at '{step.what}' "
+            f"(exit {proc.returncode}): {first_error(output.split('$ (cd ')[-1])}\n"
+            f"  full log: {logfile}"
+        )
+    return int(usage.ru_maxrss)
+
+
+def build_tool(tool: Tool, *, force: bool) -> dict[str, object]:
+    final = tool.cache_dir()
+    bindir = final / "bin"
+    if not force and all((bindir / b).exists() for b in tool.binaries):
+        log(f"{tool.name} {tool.version}: cached ({final})")
+        return {"cached": True, "dir": str(bindir)}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / (final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    (partial / "bin").mkdir(parents=True)
+    logfile = partial / "build.log"
+    log(f"{tool.name} {tool.version}: building {', '.join(tool.binaries)} from {tool.module}")
+    start = time.monotonic()
+    peak_kib = 0
+    for step in tool.recipe(tool, partial / "bin"):
+        peak_kib = max(peak_kib, run_step(tool, step, logfile))
+    if tool.name == "pulumi":
+        pulumi_assemble(tool, partial / "bin")
+    src = partial / "bin.src"
+    if src.exists():
+        shutil.rmtree(src, ignore_errors=True)
+    missing = [b for b in tool.binaries if not (partial / "bin" / b).exists()]
+    if missing:
+        raise BuildError(f"{tool.name}: build of {tool.module} {tool.version} produced no {', '.join(missing)}")
+    seconds = time.monotonic() - start
+    stats = {"seconds": round(seconds, 1), "peak_rss_mb": round(peak_kib / 1024)}
+    (partial / "build.json").write_text(json.dumps(stats) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    log(f"{tool.name} {tool.version}: built in {seconds:.0f}s, peak RSS {peak_kib / 1024:.0f} MB")
+    return {"cached": False, "dir": str(bindir), **stats}
+
+
+def install_links(results: dict[str, dict[str, object]]) -> dict[str, object]:
+    """Expose the cached binaries to the checkout: build/bin, the plugin cache, the manifest."""
+    bindir = BUILD / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    for tool in TOOLS:
+        for name in tool.binaries:
+            if tool.name == "pulumi-kubernetes":
+                continue
+            link = bindir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path(str(results[tool.name]["dir"])) / name)
+    # The engine looks plugins up as $PULUMI_HOME/plugins/resource-<name>-v<version>/; a link to
+    # the cached binary is what `pulumi plugin install --file` would copy, without the copy.
+    pulumi_home = BUILD / "pulumi-home"
+    plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{PULUMI_KUBERNETES_VERSION}"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    plugin = plugin_dir / "pulumi-resource-kubernetes"
+    if plugin.is_symlink() or plugin.exists():
+        plugin.unlink()
+    plugin.symlink_to(Path(str(results["pulumi-kubernetes"]["dir"])) / "pulumi-resource-kubernetes")
+    manifest = {
+        "bin_dir": str(bindir),
+        "pulumi_home": str(pulumi_home),
+        "versions": {t.name: t.version for t in TOOLS},
+        "tools": results,
+    }
+    (BUILD / "tools.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tools", nargs="*", help="only these tools (default: all)")
+    ap.add_argument("--force", action="store_true", help="rebuild even when cached")
+    ap.add_argument("--print-cache-dir", action="store_true", help="print the cache root and exit")
+    args = ap.parse_args(argv)
+    if args.print_cache_dir:
+        print(cache_root())
+        return 0
+    if shutil.which("go") is None:
+        log("error: the `go` command is not on PATH; install Go 1.26 (the tools are built from Go modules)")
+        return 1
+    wanted = set(args.tools) or {t.name for t in TOOLS}
+    unknown = wanted - {t.name for t in TOOLS}
+    if unknown:
+        log(f"error: unknown tool(s) {', '.join(sorted(unknown))}; known: {', '.join(t.name for t in TOOLS)}")
+        return 2
+    start = time.monotonic()
+    results: dict[str, dict[str, object]] = {}
+    failed: list[str] = []
+    for tool in TOOLS:
+        if tool.name not in wanted:
+            continue
+        try:
+            results[tool.name] = build_tool(tool, force=args.force)
+        except BuildError as exc:
+            log(f"FAILED {exc}")
+            failed.append(tool.name)
+    if failed:
+        log(f"{len(failed)} tool(s) failed: {', '.join(failed)}; the others are cached")
+        return 1
+    if wanted == {t.name for t in TOOLS}:
+        install_links(results)
+    log(f"all tools ready in {time.monotonic() - start:.0f}s (cache: {cache_root()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
