@@ -123,7 +123,8 @@ def test_deviceclass_resourceslice_and_claimtemplate_crud(cluster: Cluster) -> N
 
     created = client.create(device_class(klass))
     assert created.spec.selectors[0].cel.expression == f'device.driver == "{DRIVER}"'
-    created.spec.selectors.append(DeviceSelector(cel=CELDeviceSelector(expression="device.attributes['index'] >= 0")))
+    created.spec.selectors.append(DeviceSelector(cel=CELDeviceSelector(
+        expression=f'device.attributes["{DRIVER}"].index >= 0')))
     replaced = client.replace(created)
     assert len(replaced.spec.selectors) == 2
 

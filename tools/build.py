@@ -99,7 +99,7 @@ class Tool:
         h = hashlib.sha256()
         for path in sorted([*self.wrapper.rglob("*"), *self.extra_inputs]):
             if path.is_file():
-                h.update(str(path.relative_to(REPO)).encode())
+                h.update(str(path.relative_to(self.wrapper.parent)).encode())
                 h.update(path.read_bytes())
         h.update(RECIPE_REVISION.encode())
         return f"{self.name}-{self.version}-{goos_goarch()}-{h.hexdigest()[:10]}"
@@ -208,7 +208,7 @@ TOOLS: list[Tool] = [
     Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, TOOLS_DIR / "etcd", ["etcd"], etcd_recipe),
     Tool("pulumi", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi",
          ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python"],
-         pulumi_recipe, extra_inputs=[Path(__file__)]),
+         pulumi_recipe),
     Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
          TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
 ]
@@ -289,32 +289,41 @@ def build_tool(tool: Tool, *, force: bool) -> dict[str, object]:
     return {"cached": False, "dir": str(bindir), **stats}
 
 
-def install_links(results: dict[str, dict[str, object]]) -> dict[str, object]:
-    """Expose the cached binaries to the checkout: build/bin, the plugin cache, the manifest."""
+def _relink(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def install_links() -> dict[str, object]:
+    """Expose every cached tool to the checkout: build/bin, the plugin cache, the manifest.
+
+    Tools not built yet are listed as missing; `nvlfabric-sim` names them if they are needed.
+    """
     bindir = BUILD / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS:
-        for name in tool.binaries:
-            if tool.name == "pulumi-kubernetes":
-                continue
-            link = bindir / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(Path(str(results[tool.name]["dir"])) / name)
-    # The engine looks plugins up as $PULUMI_HOME/plugins/resource-<name>-v<version>/; a link to
-    # the cached binary is what `pulumi plugin install --file` would copy, without the copy.
     pulumi_home = BUILD / "pulumi-home"
-    plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{PULUMI_KUBERNETES_VERSION}"
-    plugin_dir.mkdir(parents=True, exist_ok=True)
-    plugin = plugin_dir / "pulumi-resource-kubernetes"
-    if plugin.is_symlink() or plugin.exists():
-        plugin.unlink()
-    plugin.symlink_to(Path(str(results["pulumi-kubernetes"]["dir"])) / "pulumi-resource-kubernetes")
+    present: dict[str, str] = {}
+    for tool in TOOLS:
+        cached = tool.cache_dir() / "bin"
+        if not all((cached / b).exists() for b in tool.binaries):
+            continue
+        present[tool.name] = str(cached)
+        for name in tool.binaries:
+            if name == "pulumi-resource-kubernetes":
+                # The engine looks plugins up as $PULUMI_HOME/plugins/resource-<name>-v<version>/;
+                # a link is what `pulumi plugin install --file` would copy, without the copy.
+                plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{tool.version}"
+                plugin_dir.mkdir(parents=True, exist_ok=True)
+                _relink(plugin_dir / name, cached / name)
+            else:
+                _relink(bindir / name, cached / name)
     manifest = {
         "bin_dir": str(bindir),
         "pulumi_home": str(pulumi_home),
         "versions": {t.name: t.version for t in TOOLS},
-        "tools": results,
+        "cache_dirs": present,
+        "missing": [t.name for t in TOOLS if t.name not in present],
     }
     (BUILD / "tools.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -351,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         log(f"{len(failed)} tool(s) failed: {', '.join(failed)}; the others are cached")
         return 1
-    if wanted == {t.name for t in TOOLS}:
-        install_links(results)
+    install_links()
     log(f"all tools ready in {time.monotonic() - start:.0f}s (cache: {cache_root()})")
     return 0
 
