@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GOTOOLCHAIN := local
 
-.PHONY: all venv tools nvml test check lint typecheck demo demo-down sim-up sim-down bench clean
+.PHONY: all venv tools nvml generate test check lint typecheck demo demo-down sim-up sim-down bench clean
 
 all: tools venv
 
@@ -31,6 +31,9 @@ nvml:
 test: tools venv nvml
 	@$(VPY) -m pytest $(PYTEST_ARGS)
 
+generate: venv
+	@$(VPY) kubeletapi/generate.py
+
 lint: venv
 	@$(VPY) -m ruff check .
 
@@ -46,10 +49,10 @@ sim-down: venv
 	@$(VENV)/bin/nvlfabric-sim down
 
 demo: tools venv nvml
-	@$(VPY) -m stacks.demo up
+	@$(VPY) stacks/demo.py up
 
 demo-down: venv
-	@$(VPY) -m stacks.demo down
+	@$(VPY) stacks/demo.py down
 
 bench: tools venv nvml
 	@mkdir -p bench/results

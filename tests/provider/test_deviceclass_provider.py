@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -28,10 +29,8 @@ def prov(cluster: Cluster) -> DeviceClassProvider:
 def name(cluster: Cluster) -> Iterator[str]:
     n = f"dc-{uuid.uuid4().hex[:6]}.nvlfabric.io"
     yield n
-    try:
+    with contextlib.suppress(ApiError):
         cluster.client.delete(DeviceClass, n)
-    except ApiError:
-        pass
 
 
 @pytest.mark.parametrize(
