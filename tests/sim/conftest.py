@@ -1,0 +1,54 @@
+"""Fixtures for the simulator tests: the NVML stand-in library, topologies and probe processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sim.nvml.topology import Topology, build_topology
+from tests.sim.nvml_helpers import Probe, build_library, running_probe
+
+
+@pytest.fixture(scope="session")
+def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builds libnvidia-ml.so.1 once per session with `make -C sim/nvml OUT=<tmp>`."""
+    return build_library(tmp_path_factory.mktemp("nvml-lib"))
+
+
+@dataclass(frozen=True)
+class NvmlCluster:
+    topology: Topology
+    path: Path
+
+
+@pytest.fixture
+def nvml_cluster(tmp_path: Path) -> NvmlCluster:
+    """Two racks of two nodes (4 GB200s each) plus one node outside any NVLink domain."""
+    topo = build_topology(2, 2, extra_nodes=["cpu-0"])
+    path = tmp_path / "nvml" / "topology.conf"
+    topo.write(path)
+    return NvmlCluster(topology=topo, path=path)
+
+
+ProbeFactory = Callable[..., Probe]
+
+
+@pytest.fixture
+def nvml_probe(nvml_lib_dir: Path) -> Iterator[ProbeFactory]:
+    """Starts probes: nvml_probe(topology_path, node, faults=None, extra_env=None, lib_dir=...)."""
+    with ExitStack() as stack:
+
+        def start(
+            topology: Path | None,
+            node: str | None,
+            faults: Path | None = None,
+            extra_env: dict[str, str] | None = None,
+            lib_dir: Path | None = nvml_lib_dir,
+        ) -> Probe:
+            return stack.enter_context(running_probe(lib_dir, topology, node, faults, extra_env))
+
+        yield start

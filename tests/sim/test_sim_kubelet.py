@@ -1,0 +1,217 @@
+"""The simulated kubelet against the real control plane and a DRA plugin speaking the real gRPC."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import (
+    CELDeviceSelector,
+    Device,
+    DeviceClaim,
+    DeviceClassSpec,
+    DeviceRequest,
+    DeviceSelector,
+    ExactDeviceRequest,
+    ResourceClaimSpec,
+    ResourceClaimTemplateSpec,
+    ResourcePool,
+    ResourceSliceSpec,
+)
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice
+
+from sim.nodes import SimNode, rack_nodes
+from tests.conftest import Cluster
+from tests.sim.fake_dra_plugin import FakePlugin
+
+pytestmark = pytest.mark.cluster
+RACK = 90  # a rack number of its own, so these nodes never collide with other tests'
+T = TypeVar("T")
+
+
+def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def sim_nodes(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimNode]]:
+    # Unix socket paths are limited to 107 bytes, as on a real node: keep the state dir short.
+    state = Path(tempfile.mkdtemp(prefix="nvlk-", dir="/tmp"))
+    client = cluster.client
+    # A stale slice for a node must be wiped when its kubelet starts.
+    nodes = rack_nodes(state, racks=1, nodes_per_rack=2, first_rack=RACK)
+    client.create(slice_for(nodes[0].name, "stale.test.nvlfabric.io", name=f"stale-{uuid.uuid4().hex[:5]}"))
+    log = (state / "kubelet.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "sim.kubelet", "--state-dir", str(state),
+                             "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2",
+                             "--first-rack", str(RACK)], stdout=subprocess.PIPE, stderr=log, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", (state / "kubelet.log").read_text()
+    yield nodes
+    proc.terminate()
+    proc.wait(timeout=20)
+    proc.stdout.close()
+    log.close()
+    shutil.rmtree(state, ignore_errors=True)
+    for n in nodes:
+        for kind, ns in ((Node, None), (Lease, "kube-node-lease")):
+            with contextlib.suppress(ApiError):
+                client.delete(kind, n.name, namespace=ns) if ns else client.delete(kind, n.name)
+
+
+def slice_for(node: str, driver: str, *, name: str) -> ResourceSlice:
+    return ResourceSlice(metadata=ObjectMeta(name=name), spec=ResourceSliceSpec(
+        driver=driver, nodeName=node, pool=ResourcePool(name=node, generation=1, resourceSliceCount=1),
+        devices=[Device(name="gpu-0")]))
+
+
+@pytest.fixture
+def plugin(cluster: Cluster, sim_nodes: list[SimNode]) -> Iterator[FakePlugin]:
+    node = sim_nodes[0]
+    driver = f"d{uuid.uuid4().hex[:6]}.test.io"
+    p = FakePlugin(driver=driver, registry_dir=node.registry_dir, plugin_dir=node.kubelet_root / "plugins" / driver,
+                   cdi_dir=node.cdi_dirs[1])
+    p.start()
+    client = cluster.client
+    client.create(DeviceClass(metadata=ObjectMeta(name=driver), spec=DeviceClassSpec(selectors=[
+        DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{driver}"'))])))
+    client.create(slice_for(node.name, driver, name=f"{driver}-slice"))
+    client.create(ResourceClaimTemplate(metadata=ObjectMeta(name=driver, namespace="default"),
+                                        spec=ResourceClaimTemplateSpec(spec=ResourceClaimSpec(devices=DeviceClaim(
+                                            requests=[DeviceRequest(name="gpu", exactly=ExactDeviceRequest(
+                                                deviceClassName=driver))])))))
+    yield p
+    p.stop()
+    for kind, name, ns in ((ResourceClaimTemplate, driver, "default"), (ResourceSlice, f"{driver}-slice", None),
+                           (DeviceClass, driver, None)):
+        with contextlib.suppress(ApiError):
+            client.delete(kind, name, namespace=ns) if ns else client.delete(kind, name)
+
+
+def make_pod(client: Client, driver: str, node: str) -> str:
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node},
+        resourceClaims=[PodResourceClaim(name="gpu", resourceClaimTemplateName=driver)],
+        containers=[Container(name="main", image="registry.invalid/train:1",
+                              resources=ResourceRequirements(claims=[ContainerClaim(name="gpu")])),
+                    Container(name="sidecar", image="registry.invalid/log:1")])))
+    return name
+
+
+def phase(client: Client, name: str) -> str | None:
+    try:
+        pod = client.get(Pod, name, namespace="default")
+    except ApiError:
+        return "Gone"
+    return pod.status.phase if pod.status else None
+
+
+def test_nodes_register_ready_with_gb200_capacity_and_renew_leases(cluster: Cluster, sim_nodes: list[SimNode]) -> None:
+    client = cluster.client
+    node = client.get(Node, sim_nodes[1].name)
+    assert node.status.capacity["pods"] == "110" and node.status.capacity["cpu"] == "144"
+    assert {a.type: a.address for a in node.status.addresses}["InternalIP"] == f"127.10.{RACK}.2"
+    assert node.metadata.labels["nvlfabric.io/rack"] == f"rack-{RACK}"
+    ready = next(c for c in node.status.conditions if c.type == "Ready")
+    assert ready.status == "True"
+    first = client.get(Lease, sim_nodes[1].name, namespace="kube-node-lease").spec.renewTime
+    eventually("the Lease to be renewed",
+               lambda: client.get(Lease, sim_nodes[1].name, namespace="kube-node-lease").spec.renewTime != first,
+               timeout=25)
+    stale = list(client.list(ResourceSlice, fields={"spec.nodeName": sim_nodes[0].name,
+                                                    "spec.driver": "stale.test.nvlfabric.io"}))
+    assert stale == [], "the kubelet must wipe its node's slices at start"
+
+
+def test_pod_with_a_claim_is_prepared_resolved_and_started(cluster: Cluster, sim_nodes: list[SimNode],
+                                                           plugin: FakePlugin) -> None:
+    client, node = cluster.client, sim_nodes[0]
+    assert plugin.registered.wait(10), plugin.registration_error
+    pod = make_pod(client, plugin.driver, node.name)
+    eventually("the pod to run", lambda: phase(client, pod) == "Running")
+    assert [c[:2] for c in plugin.calls] == [("prepare", "v1")]
+    record = json.loads((node.containers_dir / f"default_{pod}_main.json").read_text())
+    assert record["env"][0].startswith(f"FAKE_CLAIM={pod}-gpu-")  # the generated claim name
+    assert record["deviceNodes"] == [{"path": "/dev/fake0", "type": "c", "major": 507, "minor": 1}]
+    assert record["cdi_device_ids"][0].startswith(f"k8s.{plugin.driver}/claim=")
+    sidecar = json.loads((node.containers_dir / f"default_{pod}_sidecar.json").read_text())
+    assert sidecar["cdi_device_ids"] == [] and sidecar["deviceNodes"] == []
+    status = client.get(Pod, pod, namespace="default").status
+    assert status.hostIP == node.address and all(c.ready for c in status.containerStatuses)
+
+    client.delete(Pod, pod, namespace="default")
+    eventually("the pod to be removed after unprepare", lambda: phase(client, pod) == "Gone")
+    assert [c[0] for c in plugin.calls] == ["prepare", "unprepare"]
+    assert plugin.calls[0][2] == plugin.calls[1][2]
+    assert not list(plugin.cdi_dir.glob(f"k8s.{plugin.driver}-claim_*.json"))
+
+
+def test_an_unresolvable_cdi_device_fails_the_container_start(cluster: Cluster, sim_nodes: list[SimNode],
+                                                              plugin: FakePlugin) -> None:
+    client = cluster.client
+    plugin.skip_cdi_spec = True
+    pod = make_pod(client, plugin.driver, sim_nodes[0].name)
+
+    def warning() -> str | None:
+        events = client.list(Event, namespace="default", fields={"involvedObject.name": pod})
+        return next((e.message for e in events if "unresolvable CDI devices" in (e.message or "")), None)
+
+    message = eventually("an unresolvable-CDI event", warning)
+    assert f"k8s.{plugin.driver}/claim=" in message
+    assert phase(client, pod) == "Pending"
+    client.delete(Pod, pod, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, pod) == "Gone")
+
+
+def test_a_v1beta1_only_plugin_is_called_on_v1beta1(cluster: Cluster, sim_nodes: list[SimNode],
+                                                    plugin: FakePlugin) -> None:
+    plugin.stop()
+    plugin.versions = ["v1beta1.DRAPlugin"]
+    plugin.registered.clear()
+    plugin.start()
+    time.sleep(1.5)  # the kubelet notices the socket was replaced on its next scans
+    client = cluster.client
+    pod = make_pod(client, plugin.driver, sim_nodes[0].name)
+    eventually("the pod to run", lambda: phase(client, pod) == "Running")
+    assert ("prepare", "v1beta1") in [c[:2] for c in plugin.calls]
+    client.delete(Pod, pod, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, pod) == "Gone")
+
+
+def test_a_plugin_with_no_known_version_is_told_why(sim_nodes: list[SimNode], tmp_path: Path) -> None:
+    node = sim_nodes[1]
+    p = FakePlugin(driver="old.test.nvlfabric.io", registry_dir=node.registry_dir,
+                   plugin_dir=node.kubelet_root / "plugins" / "old", cdi_dir=node.cdi_dirs[1],
+                   versions=["v1alpha4.NodeService"])
+    p.start()
+    try:
+        eventually("a registration error", lambda: p.registration_error)
+        assert "none of the plugin's supported versions" in p.registration_error
+        assert not p.registered.is_set()
+    finally:
+        p.stop()
