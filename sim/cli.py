@@ -16,6 +16,8 @@ from pathlib import Path
 
 from sim.controlplane import ControlPlane, ControlPlaneError, Ports
 from sim.environment import simulator_env
+from sim.hardware import StandinsMissing
+from sim.nodes import NODES_PER_RACK, rack_nodes
 from sim.paths import ToolsMissing, default_state_dir, load_tools
 
 
@@ -31,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--etcd-port", type=int, default=defaults.etcd_client)
     up.add_argument("--etcd-peer-port", type=int, default=defaults.etcd_peer)
     up.add_argument("--scheduler-port", type=int, default=defaults.scheduler)
+    up.add_argument("--racks", type=int, default=0,
+                    help="simulated GB200 NVL72 racks to bring up (0: control plane only)")
+    up.add_argument("--nodes-per-rack", type=int, default=NODES_PER_RACK,
+                    help=f"nodes (compute trays) per rack, at most {NODES_PER_RACK}")
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
@@ -53,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             cp.ports = Ports(etcd_client=args.etcd_port, etcd_peer=args.etcd_peer_port,
                              apiserver=args.apiserver_port, scheduler=args.scheduler_port)
+            if args.racks:
+                rack_nodes(state_dir, args.racks, args.nodes_per_rack)  # validates, names the flag
+            cp.racks, cp.nodes_per_rack = args.racks, args.nodes_per_rack
             if not cp.up():
                 print(f"nvlfabric-sim is already running at {cp.server} (state in {state_dir}); nothing changed")
             return 0
@@ -67,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env":
             print(_env(cp))
             return 0
-    except (ControlPlaneError, ToolsMissing) as exc:
+    except (ControlPlaneError, ToolsMissing, StandinsMissing, ValueError) as exc:
         print(f"nvlfabric-sim {args.command}: {exc}", file=sys.stderr)
         return 1
     return 2

@@ -19,8 +19,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
 import shutil
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +33,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
-from sim import pki, processes
+from sim import hardware, pki, processes
+from sim.nodes import NODES_PER_RACK, rack_nodes
 from sim.paths import Tools, load_tools
 from sim.processes import ProcessRecord
 
@@ -58,10 +61,18 @@ class State(BaseModel):
     processes: list[ProcessRecord]
     started_at: float
     ready_s: float | None = None
+    racks: int = 0
+    nodes_per_rack: int = NODES_PER_RACK
+    nodes_ready_s: float | None = None
 
 
 class ControlPlaneError(RuntimeError):
     """Something the user must act on; the message says what and how."""
+
+
+def default_images() -> dict[str, list[str]]:
+    """Container images the simulated kubelets run as local processes (image without tag → argv)."""
+    return {"nvlfabric/node-agent": [sys.executable, "-m", "nodeagent"]}
 
 
 @dataclass
@@ -69,6 +80,9 @@ class ControlPlane:
     state_dir: Path
     ports: Ports = field(default_factory=Ports)
     progress: Callable[[str], None] = print
+    racks: int = 0
+    nodes_per_rack: int = NODES_PER_RACK
+    images: dict[str, list[str]] = field(default_factory=default_images)
 
     @property
     def state_file(self) -> Path:
@@ -146,20 +160,24 @@ class ControlPlane:
             self._write_kubeconfig(token)
             self.backend_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
-            state = State(ports=self.ports, token=token, processes=[], started_at=time.time())
+            state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
+                          racks=self.racks, nodes_per_rack=self.nodes_per_rack)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
                 self._start_scheduler(tools, state)
                 self._start_controller_manager(tools, state)
                 self._wait_workloads_admissible(state)
+                state.ready_s = round(time.monotonic() - started, 2)
+                self.progress(f"control plane ready in {state.ready_s:.1f}s at {self.server}")
+                if self.racks:
+                    self._start_nodes(state)
+                    state.nodes_ready_s = round(time.monotonic() - started, 2)
             except BaseException:
                 self._stop_all(state)
                 self.state_file.unlink(missing_ok=True)
                 raise
-            state.ready_s = round(time.monotonic() - started, 2)
             self._save_state(state)
-            self.progress(f"control plane ready in {state.ready_s:.1f}s at {self.server}")
             return True
 
     def _check_ports(self) -> None:
@@ -257,6 +275,51 @@ class ControlPlane:
         # for it proves the controller manager is working, not just alive.
         self._wait(state, "the controller manager to create ServiceAccount default/default",
                    lambda: self._api_ok(state.token, "/api/v1/namespaces/default/serviceaccounts/default"))
+
+    def _start_nodes(self, state: State) -> None:
+        """Simulated GB200 racks: stand-ins in each node's driver root, then one kubelet process."""
+        nodes = rack_nodes(self.state_dir, self.racks, self.nodes_per_rack)
+        self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
+        built = hardware.build_standins()
+        hardware.write_topology(self.state_dir, nodes)
+        for node in nodes:
+            shutil.rmtree(node.dir, ignore_errors=True)
+            node.prepare_dirs()
+            hardware.install_driver_root(node, built)
+        self._launch(state, "sim-kubelet", [
+            sys.executable, "-m", "sim.kubelet", f"--state-dir={self.state_dir}", f"--kubeconfig={self.kubeconfig}",
+            f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}",
+            f"--images={json.dumps(self.images)}", f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
+        ])
+        names = {n.name for n in nodes}
+        last = [-1]
+
+        def all_ready() -> bool:
+            ready = self._ready_nodes(state.token) & names
+            if len(ready) != last[0]:
+                last[0] = len(ready)
+                self.progress(f"{len(ready)}/{len(names)} nodes Ready")
+            return ready == names
+
+        self._wait(state, f"{len(names)} simulated nodes to be Ready and schedulable", all_ready)
+
+    def _ready_nodes(self, token: str) -> set[str]:
+        """Nodes that are Ready and no longer carry the not-ready taint (i.e. schedulable)."""
+        req = urllib.request.Request(self.server + "/api/v1/nodes?labelSelector=nvlfabric.io%2Fsimulated%3Dtrue")
+        req.add_header("Authorization", f"Bearer {token}")
+        ctx = ssl.create_default_context(cafile=str(self.state_dir / "pki" / "ca.crt"))
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+                items = json.load(resp)["items"]
+        except (urllib.error.URLError, OSError, ValueError):
+            return set()
+        out = set()
+        for item in items:
+            conditions = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+            taints = [t["key"] for t in item.get("spec", {}).get("taints", [])]
+            if conditions.get("Ready") == "True" and "node.kubernetes.io/not-ready" not in taints:
+                out.add(item["metadata"]["name"])
+        return out
 
     def _api_ok(self, token: str, path: str) -> bool:
         return _http_ok(self.server + path, token=token, cafile=self.state_dir / "pki" / "ca.crt")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sim.nvml import topology
+
 NODES_PER_RACK = 18
 GPUS_PER_NODE = 4
 # A dynamic major, as the driver registers it; what matters is that agents read it from the file.
@@ -80,7 +82,8 @@ class SimNode(BaseModel):
 
 
 def node_name(rack: int, index: int) -> str:
-    return f"gb200-r{rack}-n{index:02d}"
+    """Kubernetes node name; the same name identifies the node in the NVML topology."""
+    return topology.node_name(topology.rack_name(rack), index)
 
 
 def rack_nodes(state_dir: Path, racks: int, nodes_per_rack: int = NODES_PER_RACK, *,

@@ -18,6 +18,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 
+from sim import hardware
 from sim.kubelet.kubelet import KubeletConfig, SimKubelet
 from sim.nodes import rack_nodes
 
@@ -53,10 +54,12 @@ async def run(args: argparse.Namespace) -> None:
         assert resp.status is not None
         return str(resp.status.token)
 
+    nodes = rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
     kubelet = SimKubelet(
-        client, rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack),
+        client, nodes,
         KubeletConfig(images={k: list(v) for k, v in json.loads(args.images).items()}, api_server=server,
-                      ca_file=args.ca_file),
+                      ca_file=args.ca_file,
+                      hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
         token_requester=token_for)
     await kubelet.start()
     logging.getLogger("nvlfabric.sim.kubelet").info("simulated kubelets ready: %d nodes", len(kubelet.nodes))

@@ -44,6 +44,7 @@ from sim.kubelet import cdi
 from sim.kubelet.plugins import ClaimRef, Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from sim.kubelet.processes import PodProcess, start_pod_process
 from sim.nodes import SimNode
+from sim.nvml.topology import rack_name
 
 log = logging.getLogger("nvlfabric.sim.kubelet")
 
@@ -96,6 +97,8 @@ class KubeletConfig:
     api_server: str = ""
     """https://host:port of the API server, for KUBERNETES_SERVICE_HOST/PORT in local processes."""
     ca_file: Path | None = None
+    hardware_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Node name → environment giving a local process that node's hardware identity (NVML)."""
 
 
 class SimKubelet:
@@ -147,7 +150,7 @@ class SimKubelet:
         labels = {
             "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64",
             "node.kubernetes.io/instance-type": "gb200-nvl72-compute-tray",
-            "nvlfabric.io/rack": f"rack-{n.rack}", "nvlfabric.io/simulated": "true",
+            "nvlfabric.io/rack": rack_name(n.rack), "nvlfabric.io/simulated": "true",
         }
         return Node(metadata=ObjectMeta(name=n.name, labels=labels))
 
@@ -407,7 +410,8 @@ class SimKubelet:
                                                        pod.spec.serviceAccountName, pod.metadata.name or "")
                 state.processes[uid] = start_pod_process(
                     node=state.node, pod=pod, container=container, command=self.config.images[image],
-                    api_server=self.config.api_server, ca_file=self.config.ca_file, token=token)
+                    api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
+                    extra_env=self.config.hardware_env.get(state.node.name, {}))
                 return
 
     async def _report_running(self, state: NodeState, pod: Pod) -> None:

@@ -97,7 +97,8 @@ def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
 
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command: list[str], api_server: str,
-                      ca_file: Path | None, token: str | None) -> PodProcess:
+                      ca_file: Path | None, token: str | None,
+                      extra_env: dict[str, str] | None = None) -> PodProcess:
     assert pod.metadata is not None
     dirs = volume_dirs(node, pod, token, ca_file)
     mounts = sorted(((m.mountPath, dirs[m.name]) for m in container.volumeMounts or [] if m.name in dirs),
@@ -110,6 +111,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command:
         "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(api.port or 443),
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     for e in container.env or []:
         value: Any = e.value
