@@ -109,7 +109,7 @@ class Tool:
 
 
 # Bump when a recipe changes in a way the wrapper files do not show.
-RECIPE_REVISION = "1"
+RECIPE_REVISION = "2"
 
 
 def k8s_recipe(tool: Tool, out: Path) -> list[Step]:
@@ -153,17 +153,9 @@ def pulumi_assemble(tool: Tool, out: Path) -> None:
     exec_script = out / "pulumi-language-python-exec"
     shutil.copyfile(sdk_dir / "python" / "cmd" / "pulumi-language-python-exec", exec_script)
     exec_script.chmod(0o755)
+    # The dynamic-provider plugin: a shell shim that runs pulumi.dynamic in the program's Python.
     shim = out / "pulumi-resource-pulumi-python"
-    # The dynamic-provider plugin: run the pulumi.dynamic server in the program's Python.
-    shim.write_text(
-        "#!/bin/sh\n"
-        "# Runs Pulumi's Python dynamic-provider server (pulumi.dynamic) with the interpreter\n"
-        "# the program uses: $PULUMI_RUNTIME_VIRTUALENV when set, else python3 on PATH.\n"
-        'if [ -n "${PULUMI_RUNTIME_VIRTUALENV:-}" ]; then\n'
-        '    . "${PULUMI_RUNTIME_VIRTUALENV}/bin/activate"\n'
-        "fi\n"
-        'exec python3 -u -m pulumi.dynamic "$@"\n'
-    )
+    shutil.copyfile(sdk_dir / "python" / "dist" / "pulumi-resource-pulumi-python", shim)
     shim.chmod(0o755)
 
 
