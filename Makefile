@@ -25,8 +25,10 @@ venv: $(STAMP)
 tools:
 	@$(PY) tools/build.py
 
+# The C stand-ins for NVIDIA's closed parts (NVML library, IMEX daemon and ctl); seconds to build.
 nvml:
 	@$(MAKE) --no-print-directory -C sim/nvml OUT=$(abspath build/nvml)
+	@$(MAKE) --no-print-directory -C sim/imex OUT=$(abspath build/imex)
 
 test: tools venv nvml
 	@$(VPY) -m pytest $(PYTEST_ARGS)

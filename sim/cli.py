@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sim.controlplane import ControlPlane, ControlPlaneError, Ports
 from sim.environment import simulator_env
+from sim.faults import FAULTS, find_node, inject
 from sim.hardware import StandinsMissing
 from sim.nodes import NODES_PER_RACK, rack_nodes
 from sim.paths import ToolsMissing, default_state_dir, load_tools
@@ -40,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
+    fault = sub.add_parser("fault", help="inject a fault into a running simulator (see sim/faults.py)")
+    fault.add_argument("fault", choices=FAULTS)
+    fault.add_argument("node", help="simulated node name, e.g. rack-0-node-03")
+    fault.add_argument("--gpu", type=int, action="append", help="GPU index (repeatable); default all GPUs")
     return ap
 
 
@@ -76,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env":
             print(_env(cp))
             return 0
-    except (ControlPlaneError, ToolsMissing, StandinsMissing, ValueError) as exc:
+        if args.command == "fault":
+            if saved is None or not cp.running():
+                raise ControlPlaneError(f"nvlfabric-sim is not running (state dir {state_dir})")
+            node = find_node(state_dir, saved.racks, saved.nodes_per_rack, args.node)
+            print(inject(state_dir, node, args.fault, args.gpu))
+            return 0
+    except (ControlPlaneError, ToolsMissing, StandinsMissing, ValueError) as exc:  # FaultError too
         print(f"nvlfabric-sim {args.command}: {exc}", file=sys.stderr)
         return 1
     return 2

@@ -15,6 +15,7 @@ directory standing in for its host file system:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -59,6 +60,17 @@ class SimNode(BaseModel):
     @property
     def containers_dir(self) -> Path:
         return self.dir / "containers"
+
+    @property
+    def control_file(self) -> Path:
+        """Faults for the simulated kubelet of this node (see sim/faults.py)."""
+        return self.dir / "sim-control.json"
+
+    def is_down(self) -> bool:
+        try:
+            return bool(json.loads(self.control_file.read_text()).get("down", False))
+        except (FileNotFoundError, ValueError):
+            return False
 
     def pod_dir(self, uid: str) -> Path:
         return self.dir / "pods" / uid

@@ -16,6 +16,7 @@ from pathlib import Path
 from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 
 from sim import hardware
@@ -47,7 +48,8 @@ async def run(args: argparse.Namespace) -> None:
         # A token bound to the pod, so it carries the node-name claim a real projected token has.
         pod = await client.get(Pod, pod_name, namespace=namespace)
         assert pod.metadata is not None
-        req = ServiceAccount.Token(spec=TokenRequestSpec(
+        req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=namespace),
+                                   spec=TokenRequestSpec(
             audiences=[], expirationSeconds=3600,
             boundObjectRef=BoundObjectReference(kind="Pod", apiVersion="v1", name=pod_name, uid=pod.metadata.uid)))
         resp = await client.create(req, service_account, namespace=namespace)

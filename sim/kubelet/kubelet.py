@@ -202,7 +202,10 @@ class SimKubelet:
         while not self._stopping.is_set():
             await asyncio.sleep(LEASE_RENEW_S)
             stamp = now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            await asyncio.gather(*(self._renew(name, stamp) for name in self.nodes), return_exceptions=True)
+            # A node that is "down" (nvlfabric-sim fault node-down) stops its heartbeats, as a dead
+            # machine does; the node-lifecycle controller then marks it NotReady and taints it.
+            await asyncio.gather(*(self._renew(name, stamp) for name, s in self.nodes.items() if not s.node.is_down()),
+                                 return_exceptions=True)
 
     async def _renew(self, name: str, stamp: str) -> None:
         await self.client.patch(Lease, name, {"spec": {"renewTime": stamp}}, namespace="kube-node-lease",
@@ -212,7 +215,7 @@ class SimKubelet:
         while not self._stopping.is_set():
             await asyncio.sleep(STATUS_REPORT_S)
             await asyncio.gather(*(self.client.patch(Node.Status, s.node.name, self._node_status(s.node))
-                                   for s in self.nodes.values()), return_exceptions=True)
+                                   for s in self.nodes.values() if not s.node.is_down()), return_exceptions=True)
 
     async def _wipe_slices(self, node: str, *, driver: str | None) -> None:
         fields: dict[str, Any] = {"spec.nodeName": node} | ({"spec.driver": driver} if driver else {})
@@ -227,7 +230,28 @@ class SimKubelet:
         while not self._stopping.is_set():
             for state in self.nodes.values():
                 await self._scan_plugins(state)
+                await self._restart_exited(state)
             await asyncio.sleep(PLUGIN_SCAN_S)
+
+    async def _restart_exited(self, state: NodeState) -> None:
+        """Containers of local-process pods that died are restarted (restartPolicy Always), with the
+        restart counted in the pod status, as a kubelet does for a crashed DaemonSet container."""
+        for uid, proc in list(state.processes.items()):
+            code = proc.proc.poll()
+            if code is None or time.monotonic() < proc.restart_after:
+                continue
+            log.warning("node %s: container %s of pod %s exited with %s; restarting", state.node.name,
+                        proc.container.name, proc.pod_name, code)
+            try:
+                pod = await self.client.get(Pod, proc.pod_name, namespace=proc.namespace)
+            except ApiError:
+                state.processes.pop(uid, None)
+                continue
+            if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
+                continue
+            new = proc.restart()
+            state.processes[uid] = new
+            await self._report_running(state, pod, restarts=new.restarts, last_exit=code)
 
     async def _scan_plugins(self, state: NodeState) -> None:
         present = registry_sockets(state.node.registry_dir)
@@ -311,6 +335,9 @@ class SimKubelet:
                 await self._event(pod, exc.reason, str(exc), warning=True)
             except (PluginCallError, ApiError, OSError) as exc:
                 await self._event(pod, "FailedSync", str(exc), warning=True)
+            except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
+                log.exception("syncing pod %s/%s failed", namespace, name)
+                await self._event(pod, "FailedSync", f"simulated kubelet error: {exc!r}", warning=True)
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
 
@@ -414,12 +441,18 @@ class SimKubelet:
                     extra_env=self.config.hardware_env.get(state.node.name, {}))
                 return
 
-    async def _report_running(self, state: NodeState, pod: Pod) -> None:
+    async def _report_running(self, state: NodeState, pod: Pod, *, restarts: int = 0,
+                              last_exit: int | None = None) -> None:
         assert pod.metadata is not None and pod.spec is not None
         t = rfc3339()
-        containers = [{"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
-                       "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
-                       "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+        containers: list[dict[str, Any]] = [
+            {"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": restarts,
+             "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
+             "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+        if last_exit is not None:
+            for c in containers:
+                c["lastState"] = {"terminated": {"exitCode": last_exit if last_exit >= 0 else 128 - last_exit,
+                                                 "reason": "Error", "finishedAt": t}}
         status = {"status": {
             "phase": "Running", "startTime": t, "hostIP": state.node.address,
             "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,

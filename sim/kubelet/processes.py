@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,28 @@ SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 @dataclass
 class PodProcess:
     pod_uid: str
+    pod_name: str
+    namespace: str
+    container: Container
     proc: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    restarts: int = 0
+    restart_after: float = 0.0
+
+    @property
+    def pid_file(self) -> Path:
+        return self.cwd / f"{self.container.name}.pid"
+
+    def restart(self) -> PodProcess:
+        """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
+        new = _launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
+                      container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
+        new.restarts = self.restarts + 1
+        new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
+        return new
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is not None:
@@ -121,8 +142,18 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command:
     argv = [*command, *(translate(a, mounts) for a in (container.args or []))]
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     pod_dir.mkdir(parents=True, exist_ok=True)
-    log_path = pod_dir / f"{container.name}.log"
+    return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
+                   namespace=pod.metadata.namespace or "default", container=container, argv=argv, env=env,
+                   cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
+
+
+def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
+            env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
     with log_path.open("ab") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                cwd=pod_dir, start_new_session=True)
-    return PodProcess(pod_uid=pod.metadata.uid or "", proc=proc, log_path=log_path)
+                                cwd=cwd, start_new_session=True)
+    pp = PodProcess(pod_uid=pod_uid, pod_name=pod_name, namespace=namespace, container=container, proc=proc,
+                    log_path=log_path, argv=argv, env=env, cwd=cwd)
+    # `nvlfabric-sim fault agent-killed` finds the process through this file.
+    pp.pid_file.write_text(f"{proc.pid}\n")
+    return pp

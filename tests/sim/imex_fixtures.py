@@ -1,0 +1,249 @@
+"""Helpers for the IMEX stand-in tests: build once, start daemons on loopback addresses, run the ctl.
+
+Every daemon is started through an `ImexCluster`, which kills whatever is still running when the
+test ends (the `imex_cluster` fixtures of the test modules close it in their teardown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sim.imex.config import ImexConfig, WaitForQuorum, write_config, write_nodes_file
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "sim" / "imex"
+
+_built: dict[str, Path] = {}
+
+T = TypeVar("T")
+
+
+def build_imex(out: Path, *, asan: bool = False) -> Path:
+    """`make -C sim/imex OUT=<out>` (plus the `asan` target if asked); once per process and flavour."""
+    key = "asan" if asan else "plain"
+    if key in _built:
+        return _built[key]
+    target = ["asan"] if asan else []
+    proc = subprocess.run(["make", "--no-print-directory", "-C", str(SRC), f"OUT={out}", *target],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the IMEX stand-ins failed:\n{proc.stdout}\n{proc.stderr}")
+    result = out / "asan" if asan else out
+    _built[key] = result
+    return result
+
+
+def free_port(addrs: Iterable[str]) -> int:
+    """A TCP port that can be bound on every address in `addrs` right now."""
+    hosts = list(addrs)
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = int(probe.getsockname()[1])
+        ok = True
+        for host in hosts[1:]:
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return port
+    raise RuntimeError("no free port")
+
+
+def wait_until(fn: Callable[[], T | None], *, timeout: float = 10.0, what: str = "condition") -> T:
+    """Polls `fn` until it returns something truthy; fails with the last value after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class CtlResult:
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.out)
+        return data
+
+
+@dataclass
+class ImexNode:
+    cluster: ImexCluster
+    index: int
+    ip: str
+    config: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, wait_ready: bool = True) -> ImexNode:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen([str(self.cluster.bin / "nvidia-imex"), "-c", str(self.config)],
+                                         stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **self.env})
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        wait_until(lambda: self.ctl("-q").out == "READY\n", timeout=timeout, what=f"node {self.ip} READY")
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: an unclean stop, the peers only see the TCP connections drop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 5.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def ctl(self, *args: str, config: bool = True) -> CtlResult:
+        argv = [str(self.cluster.bin / "nvidia-imex-ctl")]
+        if config:
+            argv += ["-c", str(self.config)]
+        proc = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=20, check=False)
+        return CtlResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def nodes(self) -> dict[str, Any]:
+        res = self.ctl("-N", "-j")
+        assert res.rc == 0, res
+        return res.json()
+
+    def wait_view(self, pred: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Polls `-N -j` on this node until `pred(view)` holds; returns that view."""
+
+        def probe() -> dict[str, Any] | None:
+            view = self.nodes()
+            return view if pred(view) else None
+
+        return wait_until(probe, timeout=timeout, what=f"{what} (seen from {self.ip})")
+
+    def wait_up(self, n: int) -> dict[str, Any]:
+        return self.wait_view(lambda v: all_connected(v, n), f"{n} nodes UP")
+
+
+class ImexCluster:
+    """Daemons on 127.0.20.<1..n> (or other loopback addresses) sharing one peer and one command port."""
+
+    def __init__(self, bin_dir: Path, workdir: Path, *, subnet: str = "127.0.20") -> None:
+        self.bin = bin_dir
+        self.dir = workdir
+        self.subnet = subnet
+        self.dir.mkdir(parents=True, exist_ok=True)
+        addrs = [f"{subnet}.{i}" for i in range(1, 9)]
+        self.server_port = free_port(addrs)
+        self.cmd_port = free_port(addrs)
+        while self.cmd_port == self.server_port:
+            self.cmd_port = free_port(addrs)
+        self.nodes_file = self.dir / "nodes.cfg"
+        self.members: list[ImexNode] = []
+
+    def ip(self, i: int) -> str:
+        return f"{self.subnet}.{i + 1}"
+
+    def write_nodes(self, entries: Iterable[str], path: Path | None = None) -> Path:
+        return write_nodes_file(path or self.nodes_file, list(entries))
+
+    def add(self, index: int, *, nodes_file: Path | None = None, grace: int = 0, log_level: int = 5,
+            env: Mapping[str, str] | None = None, **overrides: Any) -> ImexNode:
+        ip = self.ip(index)
+        cfg = ImexConfig.for_child_process(nodes_file=nodes_file or self.nodes_file, cmd_bind_ip=ip, bind_ip=ip,
+                                           server_port=self.server_port, cmd_port=self.cmd_port,
+                                           log_file=str(self.dir / f"imex-{index}.log"),
+                                           wait_for_quorum=WaitForQuorum.NONE, grace_time=grace)
+        cfg = ImexConfig.model_validate({**cfg.model_dump(), "LOG_LEVEL": log_level, **overrides})
+        path = write_config(self.dir / f"imex-{index}.cfg", cfg)
+        node = ImexNode(self, index, ip, path, self.dir / f"imex-{index}.out", dict(env or {}))
+        self.members.append(node)
+        return node
+
+    def start(self, n: int, *, grace: int = 0) -> list[ImexNode]:
+        """n daemons with one shared nodes file, all started, all READY."""
+        self.write_nodes(self.ip(i) for i in range(n))
+        nodes = [self.add(i, grace=grace) for i in range(n)]
+        for node in nodes:
+            node.start(wait_ready=False)
+        for node in nodes:
+            node.wait_ready()
+        return nodes
+
+    def close(self) -> None:
+        """Stops every daemon (SIGTERM, SIGKILL after 3 s), then fails on sanitizer reports in their output."""
+        running = [n.proc for n in self.members if n.proc is not None and n.proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+        # Daemons that forked into the background (DAEMONIZE=1) are not our children: find them by
+        # their config file, which lives in this cluster's own temporary directory.
+        configs = {str(node.config).encode() for node in self.members}
+        for pid in _pids_with_argument(configs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for node in self.members:
+            if node.log.exists():
+                text = node.log.read_text(errors="replace")
+                assert "Sanitizer" not in text and "runtime error:" not in text, text
+
+
+def _pids_with_argument(args: set[bytes]) -> list[int]:
+    pids: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"nvidia-imex") and args.intersection(argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def conn_status(view: dict[str, Any], src: int, dst: int) -> str:
+    status: str = view["nodes"][str(src)]["connections"][str(dst)]["status"]
+    return status
+
+
+def all_connected(view: dict[str, Any], n: int) -> bool:
+    return (view["status"] == "UP" and len(view["nodes"]) == n
+            and all(view["nodes"][str(i)]["status"] == "READY" for i in range(n))
+            and all(conn_status(view, i, j) == "CONNECTED" for i in range(n) for j in range(n)))
+
+
+def link_is(src: int, dst: int, status: str) -> Callable[[dict[str, Any]], bool]:
+    """A predicate for `wait_view`: node `src` reports `status` for its link to `dst`."""
+    return lambda view: conn_status(view, src, dst) == status
