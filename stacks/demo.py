@@ -78,7 +78,7 @@ def down(cp: ControlPlane) -> None:
         env = environment(cp)
         if pulumi(env, "stack", "select", STACK, check=False).returncode == 0:
             pulumi(env, "destroy", "--yes", "--skip-preview", "--stack", STACK)
-            pulumi(env, "stack", "rm", "--yes", STACK)
+            pulumi(env, "stack", "rm", "--yes", "--preserve-config", STACK)
     cp.down()
     say("simulator stopped")
 
