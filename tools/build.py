@@ -134,6 +134,11 @@ def etcd_recipe(tool: Tool, out: Path) -> list[Step]:
                                    "./cmd/etcd"], tool.wrapper)]
 
 
+def kubeletcheck_recipe(tool: Tool, out: Path) -> list[Step]:
+    return [Step("go build kubeletcheck", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o",
+                                           str(out / "kubeletcheck"), "."], tool.wrapper)]
+
+
 def pulumi_recipe(tool: Tool, out: Path) -> list[Step]:
     version_flag = f"-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={tool.version}"
     env = go_env()
@@ -203,6 +208,9 @@ TOOLS: list[Tool] = [
          pulumi_recipe),
     Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
          TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
+    # Our wire-compatibility checker, built on the official k8s.io/kubelet generated clients.
+    Tool("kubeletcheck", "k8s.io/kubelet", "v0.37.2", TOOLS_DIR / "kubeletcheck", ["kubeletcheck"],
+         kubeletcheck_recipe),
 ]
 
 
