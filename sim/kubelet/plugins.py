@@ -122,7 +122,7 @@ class Plugin:
 async def register(socket: Path, *, registered_endpoints: set[str]) -> Plugin:
     """Run the kubelet's registration handshake against one registry socket."""
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
-        stub = pluginregistration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
         try:
             info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

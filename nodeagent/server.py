@@ -1,0 +1,198 @@
+"""The node agent's gRPC surface: kubelet plugin registration and the DRA service (v1, v1beta1).
+
+Layout, as the kubelet expects it (all under a configurable kubelet root):
+    <root>/plugins/<driver>/dra.sock            DRA v1 + v1beta1 on one socket
+    <root>/plugins_registry/<driver>-reg.sock   registration (GetInfo, NotifyRegistrationStatus)
+
+The DRA server starts before the registration socket appears (the kubelet dials the endpoint as
+soon as it sees the registration socket). Sockets are owner-only (0600): only root, i.e. the
+kubelet, may talk to the agent. GetInfo does nothing but return constants, because the kubelet
+gives it 1 s. On stop, the agent removes exactly its own sockets.
+
+This module knows nothing about IMEX or claims: it translates between the wire and a `Driver`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from kubeletapi import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+log = logging.getLogger("nvlfabric.nodeagent.server")
+
+# v1 first: kubelets 1.34+ take the first entry they know, in our order; 1.32-1.33 know v1beta1.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+class Driver(Protocol):
+    """What the server needs from the agent: per-claim results, never an exception per claim."""
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
+        """Claim UID → prepared devices, or an error string the kubelet will retry on."""
+        ...
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID → '' on success, else an error string."""
+        ...
+
+
+@dataclass(frozen=True)
+class SocketPaths:
+    kubelet_root: Path
+    driver: str
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_root / "plugins" / self.driver
+
+    @property
+    def endpoint(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def registration(self) -> Path:
+        return self.kubelet_root / "plugins_registry" / f"{self.driver}-reg.sock"
+
+    def check(self) -> None:
+        for path in (self.endpoint, self.registration):
+            if len(str(path)) > 107:
+                raise ValueError(f"socket path {path} is {len(str(path))} bytes; unix sockets allow 107. "
+                                 "Use a shorter kubelet root (--kubelet-root) or driver name.")
+
+
+def _claims(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+def _prepare_response(pb: Any, results: dict[str, list[PreparedDevice] | str], claims: list[ClaimRef]) -> Any:
+    resp = pb.NodePrepareResourcesResponse()
+    for claim in claims:
+        result = results.get(claim.uid, "internal error: the driver returned no result for this claim")
+        entry = resp.claims[claim.uid]
+        if isinstance(result, str):
+            entry.error = result
+            continue
+        for d in result:
+            entry.devices.append(pb.Device(request_names=list(d.request_names), pool_name=d.pool_name,
+                                           device_name=d.device_name, cdi_device_ids=list(d.cdi_device_ids)))
+    return resp
+
+
+def _unprepare_response(pb: Any, results: dict[str, str], claims: list[ClaimRef]) -> Any:
+    resp = pb.NodeUnprepareResourcesResponse()
+    for claim in claims:
+        resp.claims[claim.uid].error = results.get(claim.uid, "internal error: no result for this claim")
+    return resp
+
+
+def _dra_servicer(base: type, pb: Any, driver: Driver) -> Any:
+    class Servicer(base):  # type: ignore[misc]
+        def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+            claims = _claims(request)
+            return _prepare_response(pb, driver.prepare(claims), claims)
+
+        def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+            claims = _claims(request)
+            return _unprepare_response(pb, driver.unprepare(claims), claims)
+
+    return Servicer()
+
+
+class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
+    def __init__(self, driver_name: str, endpoint: Path) -> None:
+        self._info = pluginregistration_pb2.PluginInfo(
+            type="DRAPlugin", name=driver_name, endpoint=str(endpoint), supported_versions=list(SUPPORTED_VERSIONS))
+        self.registered = threading.Event()
+        self.error = ""
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._info
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.plugin_registered:
+            log.info("registered with the kubelet")
+            self.error = ""
+            self.registered.set()
+        else:
+            log.error("the kubelet refused the registration: %s", request.error)
+            self.error = request.error
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class PluginServer:
+    """Both gRPC servers of one agent; `start()` then `stop()`."""
+
+    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 8) -> None:
+        paths.check()
+        self.paths = paths
+        self.driver = driver
+        self.registration = _Registration(paths.driver, paths.endpoint)
+        self._workers = workers
+        self._servers: list[grpc.Server] = []
+
+    def _serve(self, path: Path, register: Any) -> grpc.Server:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a stale socket of a previous instance of *this* agent
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
+        register(server)
+        # The socket is created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
+        old = os.umask(0o177)
+        try:
+            if server.add_insecure_port(f"unix:{path}") == 0:
+                raise OSError(f"could not listen on {path}")
+            server.start()
+        finally:
+            os.umask(old)
+        return server
+
+    def start(self) -> None:
+        def dra(server: grpc.Server) -> None:
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+                _dra_servicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1_pb2, self.driver), server)
+            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+                _dra_servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2, self.driver), server)
+
+        self._servers.append(self._serve(self.paths.endpoint, dra))
+        self._servers.append(self._serve(
+            self.paths.registration,
+            lambda s: pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, s)))
+        log.info("serving DRA on %s, registration on %s", self.paths.endpoint, self.paths.registration)
+
+    def stop(self, grace: float = 5.0) -> None:
+        # Registration socket first: the kubelet stops routing calls before the endpoint goes.
+        for server in reversed(self._servers):
+            server.stop(grace).wait()
+        self._servers.clear()
+        for path in (self.paths.registration, self.paths.endpoint):
+            path.unlink(missing_ok=True)

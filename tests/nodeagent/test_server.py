@@ -1,0 +1,88 @@
+"""The agent's gRPC surface, driven by the kubelet's own generated clients (kubeletcheck)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from nodeagent.server import ClaimRef, PluginServer, PreparedDevice, SocketPaths
+from sim.paths import load_tools
+
+
+class RecordingDriver:
+    def __init__(self) -> None:
+        self.prepared: list[str] = []
+        self.unprepared: list[str] = []
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
+        out: dict[str, list[PreparedDevice] | str] = {}
+        for c in claims:
+            self.prepared.append(c.uid)
+            if c.name.startswith("bad"):
+                out[c.uid] = f"claim {c.namespace}/{c.name}: not allocated yet"
+            elif c.name.startswith("lost"):
+                continue  # the server must still answer for it
+            else:
+                out[c.uid] = [PreparedDevice(("channel",), "rack-0", "channel-7",
+                                             (f"k8s.channel.nvlfabric.io/claim={c.uid}-channel-7",))]
+        return out
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        self.unprepared += [c.uid for c in claims]
+        return {c.uid: "" for c in claims}
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[PluginServer, RecordingDriver]]:
+    root = Path(tempfile.mkdtemp(prefix="nvla-", dir="/tmp"))
+    driver = RecordingDriver()
+    srv = PluginServer(paths=SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io"), driver=driver)
+    srv.start()
+    yield srv, driver
+    srv.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def check(srv: PluginServer, *claims: str) -> dict[str, object]:
+    argv = [str(load_tools().binary("kubeletcheck")), "-registration", str(srv.paths.registration)]
+    for c in claims:
+        argv += ["-claim", c]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_registers_with_v1_first_and_prepares_every_claim(server: tuple[PluginServer, RecordingDriver]) -> None:
+    srv, driver = server
+    out = check(srv, "ml/good/u1", "ml/bad-one/u2", "ml/lost/u3")
+    assert out["info"] == {"type": "DRAPlugin", "name": "channel.nvlfabric.io", "endpoint": str(srv.paths.endpoint),
+                           "supportedVersions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"]}
+    assert out["service"] == "v1.DRAPlugin"
+    assert srv.registration.registered.is_set()
+    prepared = out["prepare"]
+    assert isinstance(prepared, dict)
+    assert prepared["u1"]["devices"][0]["cdiDeviceIDs"] == ["k8s.channel.nvlfabric.io/claim=u1-channel-7"]
+    assert prepared["u2"]["error"] == "claim ml/bad-one: not allocated yet"
+    assert "no result" in prepared["u3"]["error"]  # every claim gets an answer
+    assert driver.unprepared == ["u1", "u2", "u3"]
+
+
+def test_sockets_are_owner_only_and_removed_on_stop(server: tuple[PluginServer, RecordingDriver]) -> None:
+    srv, _ = server
+    for path in (srv.paths.endpoint, srv.paths.registration):
+        mode = path.stat().st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, oct(mode)
+    srv.stop()
+    assert not srv.paths.endpoint.exists() and not srv.paths.registration.exists()
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"unix sockets allow 107.*--kubelet-root"):
+        SocketPaths(kubelet_root=Path("/" + "x" * 100), driver="channel.nvlfabric.io").check()
