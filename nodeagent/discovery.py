@@ -1,0 +1,146 @@
+"""GPU and NVLink-fabric discovery through NVML (nvidia-ml-py).
+
+The library is the driver's `libnvidia-ml.so.1`. With a driver root (the GPU operator's
+`/run/nvidia/driver`), the agent loads `<driver root>/usr/lib64/libnvidia-ml.so.1` first, so that
+pynvml's own `CDLL("libnvidia-ml.so.1")` binds to the same, already-loaded library.
+
+Fabric info is read with the newest struct the driver knows: `nvmlDeviceGetGpuFabricInfoV` with
+v3 (health summary), then v2 (health mask), then the unversioned call; a version mismatch or a
+missing symbol means an older driver, not an error. A node's *clique* is
+`<clusterUuid>.<cliqueId>`, the identity GPU Feature Discovery publishes as
+`nvidia.com/gpu.clique`; it exists only when every GPU's fabric registration is COMPLETED with
+success and all GPUs agree. Anything else is reported as "fabric not ready" with the reason,
+never raised: a node without a ready fabric is a condition to report, not a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from pydantic import BaseModel
+
+FABRIC_STATES = {0: "NotSupported", 1: "NotStarted", 2: "InProgress", 3: "Completed"}
+HEALTH_SUMMARIES = {0: "NotSupported", 1: "Healthy", 2: "Unhealthy", 3: "LimitedCapacity"}
+LIB_REL = Path("usr/lib64/libnvidia-ml.so.1")
+
+
+class GpuFabric(BaseModel):
+    cluster_uuid: str = ""
+    clique_id: int = 0
+    state: str = "NotSupported"
+    status: int = 0  # an NVML return code; 0 is success
+    health_mask: int | None = None
+    health_summary: str | None = None
+
+    @property
+    def clique(self) -> str:
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
+class Gpu(BaseModel):
+    index: int
+    uuid: str
+    name: str
+    minor: int
+    pci_bus_id: str
+    memory_mib: int
+    compute_capability: str
+    fabric: GpuFabric
+
+
+class NodeDiscovery(BaseModel):
+    driver_version: str = ""
+    cuda_driver_version: int = 0
+    gpus: list[Gpu] = []
+    clique: str | None = None
+    fabric_ready: bool = False
+    reason: str = ""
+    """Why the fabric is not ready (empty when it is)."""
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be initialised (no driver, broken library); the message says why."""
+
+
+def load_library(driver_root: Path | None) -> None:
+    if driver_root is not None and (driver_root / LIB_REL).exists():
+        ctypes.CDLL(str(driver_root / LIB_REL), mode=ctypes.RTLD_GLOBAL)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fabric(handle: Any) -> GpuFabric:
+    for struct_cls, version in ((getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None), "nvmlGpuFabricInfo_v3"),
+                                (getattr(pynvml, "c_nvmlGpuFabricInfo_v2_t", None), "nvmlGpuFabricInfo_v2")):
+        if struct_cls is None:
+            continue
+        info = struct_cls()
+        info.version = getattr(pynvml, version)
+        try:
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except (pynvml.NVMLError_ArgumentVersionMismatch, pynvml.NVMLError_FunctionNotFound):
+            continue
+        except pynvml.NVMLError_NotSupported:
+            return GpuFabric()
+        summary = getattr(info, "healthSummary", None)
+        return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))), clique_id=info.cliqueId,
+                         state=FABRIC_STATES.get(info.state, f"Unknown({info.state})"), status=info.status,
+                         health_mask=info.healthMask,
+                         health_summary=None if summary is None else HEALTH_SUMMARIES.get(summary, str(summary)))
+    try:
+        old = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(old))
+    except pynvml.NVMLError_NotSupported:
+        return GpuFabric()
+    return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=bytes(old.clusterUuid))), clique_id=old.cliqueId,
+                     state=FABRIC_STATES.get(old.state, f"Unknown({old.state})"), status=old.status)
+
+
+def discover(driver_root: Path | None = None) -> NodeDiscovery:
+    """Everything the agent needs to know about this node's GPUs and fabric, read once."""
+    load_library(driver_root)
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
+    try:
+        node = NodeDiscovery(driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
+                             cuda_driver_version=pynvml.nvmlSystemGetCudaDriverVersion())
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            node.gpus.append(Gpu(
+                index=i, uuid=_text(pynvml.nvmlDeviceGetUUID(h)), name=_text(pynvml.nvmlDeviceGetName(h)),
+                minor=pynvml.nvmlDeviceGetMinorNumber(h), pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+                memory_mib=pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024),
+                compute_capability=f"{major}.{minor}", fabric=_fabric(h)))
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML query failed: {exc}") from exc
+    finally:
+        pynvml.nvmlShutdown()
+    node.clique, node.reason = clique_of(node.gpus)
+    node.fabric_ready = node.clique is not None
+    return node
+
+
+def clique_of(gpus: list[Gpu]) -> tuple[str | None, str]:
+    """The node's clique, or None and the reason there is none."""
+    if not gpus:
+        return None, "no GPUs found"
+    for g in gpus:
+        if g.fabric.state == "NotSupported":
+            return None, f"GPU {g.index} ({g.uuid}) is not attached to an NVLink fabric"
+        if g.fabric.state != "Completed":
+            return None, f"GPU {g.index} fabric registration is {g.fabric.state}"
+        if g.fabric.status != 0:
+            return None, f"GPU {g.index} fabric registration failed (NVML status {g.fabric.status})"
+    cliques = {g.fabric.clique for g in gpus}
+    if len(cliques) != 1:
+        return None, f"GPUs disagree on their clique: {', '.join(sorted(cliques))}"
+    return cliques.pop(), ""
