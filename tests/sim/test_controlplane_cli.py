@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +115,36 @@ def test_up_then_down_leaves_no_process_and_no_lock(own_controlplane: tuple[Path
     assert (state_dir / "logs" / "kube-apiserver.log").exists()  # kept for post-mortems
     for port in (ports.apiserver, ports.etcd_client, ports.scheduler):
         assert not processes.port_in_use(port)
+
+
+@pytest.mark.cluster
+def test_up_with_racks_brings_ready_gb200_nodes_and_faults_reach_them(tmp_path: Path) -> None:
+    state_dir = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))  # short: node sockets live below it
+    ports = Ports(etcd_client=43792, etcd_peer=43802, apiserver=46444, scheduler=40261)
+    try:
+        up = sim("up", *port_flags(ports), "--racks", "2", "--nodes-per-rack", "2", state_dir=state_dir)
+        assert up.returncode == 0, up.stderr
+        assert "4/4 nodes Ready" in up.stderr
+        status = sim("status", state_dir=state_dir)
+        assert "sim-kubelet" in status.stdout and status.returncode == 0
+        node = state_dir / "nodes" / "rack-1-node-01"
+        assert (node / "driver-root" / "usr" / "lib64" / "libnvidia-ml.so.1").resolve().exists()
+        assert (node / "driver-root" / "usr" / "bin" / "nvidia-imex").resolve().exists()
+        assert "nvidia-caps-imex-channels" in (node / "proc-devices").read_text()
+
+        degraded = sim("fault", "fabric-degraded", "rack-1-node-01", "--gpu", "2", state_dir=state_dir)
+        assert degraded.returncode == 0, degraded.stderr
+        assert "gpu.2.health_mask" in (state_dir / "nvml" / "faults" / "rack-1-node-01.faults").read_text()
+        unknown = sim("fault", "node-down", "rack-7-node-00", state_dir=state_dir)
+        assert unknown.returncode == 1 and "no simulated node 'rack-7-node-00'" in unknown.stderr
+        assert sim("fault", "clear", "rack-1-node-01", state_dir=state_dir).returncode == 0
+        assert not (state_dir / "nvml" / "faults" / "rack-1-node-01.faults").exists()
+    finally:
+        sim("down", state_dir=state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_racks_out_of_range_name_the_flag(tmp_path: Path) -> None:
+    result = sim("up", "--racks", "1", "--nodes-per-rack", "19", state_dir=tmp_path)
+    assert result.returncode == 1
+    assert "--nodes-per-rack must be between 1 and 18" in result.stderr

@@ -215,3 +215,17 @@ def test_a_plugin_with_no_known_version_is_told_why(sim_nodes: list[SimNode], tm
         assert not p.registered.is_set()
     finally:
         p.stop()
+
+
+def test_a_job_pod_with_a_run_time_succeeds_after_it(cluster: Cluster, sim_nodes: list[SimNode]) -> None:
+    client = cluster.client
+    name = f"job-{uuid.uuid4().hex[:6]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default",
+                                          annotations={"sim.nvlfabric.io/run-seconds": "1"}),
+                      spec=PodSpec(restartPolicy="Never", nodeSelector={"kubernetes.io/hostname": sim_nodes[1].name},
+                                   containers=[Container(name="main", image="registry.invalid/job:1")])))
+    eventually("the pod to succeed", lambda: phase(client, name) == "Succeeded")
+    status = client.get(Pod, name, namespace="default").status
+    assert status.containerStatuses[0].state.terminated.exitCode == 0
+    client.delete(Pod, name, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, name) == "Gone")
