@@ -1,0 +1,164 @@
+"""Clique channel pools: consistent pool bookkeeping (property-tested), and the DRA design's two
+promises checked on the real scheduler: all pods of a ComputeDomain land in one clique, and no
+two ComputeDomains share a channel within a clique."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lightkube import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import (
+    Container,
+    NodeCondition,
+    NodeSpec,
+    NodeStatus,
+    PodResourceClaim,
+    PodSpec,
+    ResourceRequirements,
+)
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import (
+    CELDeviceSelector,
+    DeviceClaim,
+    DeviceClassSpec,
+    DeviceRequest,
+    DeviceSelector,
+    ExactDeviceRequest,
+    ResourceClaimSpec,
+)
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+
+from nodeagent import pools
+from tests.conftest import Cluster
+
+
+def apply_in_memory(store: dict[str, ResourceSlice], p: pools.Plan) -> None:
+    for s in [*p.create, *p.update]:
+        assert s.metadata is not None and s.metadata.name is not None
+        store[s.metadata.name] = s
+    for name in p.delete:
+        del store[name]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=5))
+def test_a_pool_is_consistent_after_every_change_and_plans_are_idempotent(counts: list[int]) -> None:
+    store: dict[str, ResourceSlice] = {}
+    last_gen = 0
+    for n in counts:
+        apply_in_memory(store, pools.plan("c1.7", n, list(store.values())))
+        gens = {s.spec.pool.generation for s in store.values()}
+        assert len(gens) == 1
+        gen = gens.pop()
+        assert gen >= last_gen
+        last_gen = gen
+        assert {s.spec.pool.resourceSliceCount for s in store.values()} == {len(store)}
+        channels = sorted(d.attributes["channel"].int for s in store.values() for d in s.spec.devices)
+        assert channels == list(range(1, n + 1))
+        assert all(len(s.spec.devices) <= pools.MAX_DEVICES_PER_SLICE for s in store.values())
+        assert pools.plan("c1.7", n, list(store.values())).empty()
+
+
+def test_channel_zero_is_never_offered_and_the_ceiling_is_enforced() -> None:
+    devices = pools.desired_slices("c.1", 3, 1)[0].spec.devices
+    assert [d.name for d in devices] == ["channel-1", "channel-2", "channel-3"]
+    with pytest.raises(ValueError, match="between 1 and 2047"):
+        pools.desired_slices("c.1", 2048, 1)
+
+
+CLASS = "imex-channel.test.nvlfabric.io"
+
+
+@pytest.fixture
+def two_cliques(cluster: Cluster) -> Iterator[dict[str, list[str]]]:
+    client = cluster.client
+    run = uuid.uuid4().hex[:5]
+    cliques = {f"{run}-a.32766": [f"pool-{run}-a{i}" for i in range(2)],
+               f"{run}-b.32766": [f"pool-{run}-b{i}" for i in range(2)]}
+    now = datetime.datetime.now(datetime.UTC)
+    for clique, names in cliques.items():
+        for name in names:
+            client.create(Node(metadata=ObjectMeta(name=name, labels={
+                pools.CLIQUE_LABEL: clique, "kubernetes.io/hostname": name, "pools-test": run}), spec=NodeSpec()))
+            client.patch(Node.Status, name, {"status": NodeStatus(
+                capacity={"cpu": "8", "memory": "8Gi", "pods": "110"},
+                allocatable={"cpu": "8", "memory": "8Gi", "pods": "110"},
+                conditions=[NodeCondition(type="Ready", status="True", lastHeartbeatTime=now,
+                                          lastTransitionTime=now)]).to_dict()})
+            client.create(Lease(metadata=ObjectMeta(name=name, namespace="kube-node-lease"),
+                                spec=LeaseSpec(holderIdentity=name, leaseDurationSeconds=40, renewTime=now)))
+        pools.apply(client, clique, channels=3)
+    with contextlib.suppress(ApiError):
+        client.create(DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(selectors=[
+            DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
+    deadline = time.monotonic() + 60
+    names = [n for ns in cliques.values() for n in ns]
+    while any(client.get(Node, n).spec.taints for n in names):
+        assert time.monotonic() < deadline, "nodes were not untainted"
+        time.sleep(0.25)
+    yield cliques
+    for clique, names in cliques.items():
+        pools.withdraw(client, clique)
+        for name in names:
+            with contextlib.suppress(ApiError):
+                client.delete(Node, name)
+            with contextlib.suppress(ApiError):
+                client.delete(Lease, name, namespace="kube-node-lease")
+
+
+@pytest.mark.cluster
+def test_pods_of_a_domain_share_one_channel_in_one_clique_and_domains_never_share(
+        cluster: Cluster, two_cliques: dict[str, list[str]]) -> None:
+    client = cluster.client
+    run = next(iter(two_cliques)).split("-")[0]
+    domains = [f"cd-{run}-{i}" for i in range(4)]
+    for cd in domains:
+        client.create(ResourceClaim(metadata=ObjectMeta(name=f"{cd}-channel", namespace="default"),
+                                    spec=ResourceClaimSpec(devices=DeviceClaim(requests=[DeviceRequest(
+                                        name="channel", exactly=ExactDeviceRequest(deviceClassName=CLASS))]))))
+        for p in range(3):
+            client.create(Pod(metadata=ObjectMeta(name=f"{cd}-{p}", namespace="default"), spec=PodSpec(
+                nodeSelector={"pools-test": run},
+                resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{cd}-channel")],
+                containers=[Container(name="w", image="registry.invalid/w:1",
+                                      resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+    try:
+        node_clique = {n: c for c, ns in two_cliques.items() for n in ns}
+        deadline = time.monotonic() + 90
+        while True:
+            pods = {cd: [client.get(Pod, f"{cd}-{p}", namespace="default") for p in range(3)] for cd in domains}
+            if all(p.spec.nodeName for ps in pods.values() for p in ps):
+                break
+            assert time.monotonic() < deadline, "not every pod was scheduled"
+            time.sleep(0.5)
+        taken: dict[tuple[str, str], str] = {}
+        per_clique: dict[str, int] = defaultdict(int)
+        for cd in domains:
+            claim = client.get(ResourceClaim, f"{cd}-channel", namespace="default")
+            (result,) = claim.status.allocation.devices.results
+            clique = result.pool.removeprefix("clique-")
+            assert {node_clique[p.spec.nodeName] for p in pods[cd]} == {clique}, f"{cd} spans cliques"
+            assert (result.pool, result.device) not in taken, f"{cd} and {taken.get((result.pool, result.device))}"
+            taken[(result.pool, result.device)] = cd
+            assert len(claim.status.reservedFor) == 3
+            per_clique[clique] += 1
+        assert sum(per_clique.values()) == 4  # 4 domains fit in 2 cliques of 3 channels each
+    finally:
+        for cd in domains:
+            for p in range(3):
+                with contextlib.suppress(ApiError):
+                    client.delete(Pod, f"{cd}-{p}", namespace="default", grace_period=0)
+            with contextlib.suppress(ApiError):
+                client.delete(ResourceClaim, f"{cd}-channel", namespace="default")
