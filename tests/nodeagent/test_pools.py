@@ -5,7 +5,6 @@ two ComputeDomains share a channel within a clique."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import time
 import uuid
 from collections import defaultdict
@@ -15,12 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightkube import ApiError
-from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import (
     Container,
-    NodeCondition,
-    NodeSpec,
-    NodeStatus,
     PodResourceClaim,
     PodSpec,
     ResourceRequirements,
@@ -36,12 +31,12 @@ from lightkube.models.resource_v1 import (
     ExactDeviceRequest,
     ResourceClaimSpec,
 )
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
 from nodeagent import pools
 from tests.conftest import Cluster
+from tests.kube import delete_nodes, make_ready_nodes
 
 
 def apply_in_memory(store: dict[str, ResourceSlice], p: pools.Plan) -> None:
@@ -87,35 +82,17 @@ def two_cliques(cluster: Cluster) -> Iterator[dict[str, list[str]]]:
     run = uuid.uuid4().hex[:5]
     cliques = {f"{run}-a.32766": [f"pool-{run}-a{i}" for i in range(2)],
                f"{run}-b.32766": [f"pool-{run}-b{i}" for i in range(2)]}
-    now = datetime.datetime.now(datetime.UTC)
-    for clique, names in cliques.items():
-        for name in names:
-            client.create(Node(metadata=ObjectMeta(name=name, labels={
-                pools.CLIQUE_LABEL: clique, "kubernetes.io/hostname": name, "pools-test": run}), spec=NodeSpec()))
-            client.patch(Node.Status, name, {"status": NodeStatus(
-                capacity={"cpu": "8", "memory": "8Gi", "pods": "110"},
-                allocatable={"cpu": "8", "memory": "8Gi", "pods": "110"},
-                conditions=[NodeCondition(type="Ready", status="True", lastHeartbeatTime=now,
-                                          lastTransitionTime=now)]).to_dict()})
-            client.create(Lease(metadata=ObjectMeta(name=name, namespace="kube-node-lease"),
-                                spec=LeaseSpec(holderIdentity=name, leaseDurationSeconds=40, renewTime=now)))
+    make_ready_nodes(client, {name: {pools.CLIQUE_LABEL: clique, "pools-test": run}
+                              for clique, names in cliques.items() for name in names})
+    for clique in cliques:
         pools.apply(client, clique, channels=3)
     with contextlib.suppress(ApiError):
         client.create(DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(selectors=[
             DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
-    deadline = time.monotonic() + 60
-    names = [n for ns in cliques.values() for n in ns]
-    while any(client.get(Node, n).spec.taints for n in names):
-        assert time.monotonic() < deadline, "nodes were not untainted"
-        time.sleep(0.25)
     yield cliques
     for clique, names in cliques.items():
         pools.withdraw(client, clique)
-        for name in names:
-            with contextlib.suppress(ApiError):
-                client.delete(Node, name)
-            with contextlib.suppress(ApiError):
-                client.delete(Lease, name, namespace="kube-node-lease")
+        delete_nodes(client, names)
 
 
 @pytest.mark.cluster

@@ -1,0 +1,138 @@
+"""The nvlfabric controller: clique channel pools and each ComputeDomain's summary status.
+
+One replica per cluster (same image as the node agent). Each pass it
+- publishes one channel pool per clique that has Nodes labelled `nvlfabric.io/clique`, and
+  withdraws pools of cliques that no longer have any (nodeagent/pools.py);
+- for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
+  the `Ready` condition and `observedGeneration` from the node agents' entries and the channel
+  claim's allocation, and writes only those fields with server-side apply under its own field
+  manager: the agents' `status.nodes` entries stay theirs.
+
+Reconciliation is level-based (a full pass every few seconds), so a missed event never leaves a
+domain stale; `summarize` is pure and table-tested.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightkube import ApiError, Client
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from nodeagent import pools
+from provider.api import computedomain as api
+
+log = logging.getLogger("nvlfabric.controller")
+FIELD_MANAGER = "nvlfabric-controller"
+ComputeDomainResource = create_namespaced_resource(api.GROUP, api.VERSION, api.KIND, api.PLURAL)
+
+
+def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
+    """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
+    if claim is None or claim.status is None or claim.status.allocation is None:
+        return None
+    devices = claim.status.allocation.devices
+    for r in (devices.results or []) if devices else []:
+        if r.driver == pools.DRIVER and r.pool.startswith("clique-") and r.device.startswith("channel-"):
+            return r.pool.removeprefix("clique-"), int(r.device.removeprefix("channel-"))
+    return None
+
+
+def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
+              allocation: tuple[str, int] | None, *, now: Any = None) -> dict[str, Any]:
+    """The controller-owned status fields for one domain (pure)."""
+    nodes = status.nodes
+    ready = [n for n in nodes if n.ready]
+    previous = status.phase
+    if allocation is None:
+        phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
+    elif nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
+        phase, reason, message = api.Phase.READY, "AllMembersReady", f"{len(ready)} of {len(nodes)} nodes ready"
+    else:
+        want = f" (numNodes {spec.num_nodes})" if spec.num_nodes else ""
+        first = next((n for n in nodes if not n.ready), None)
+        detail = f"; node {first.name}: {first.message or 'not ready'}" if first else ""
+        message = f"{len(ready)} of {len(nodes)} nodes ready{want}{detail}"
+        was_ready = previous in (api.Phase.READY, api.Phase.DEGRADED)
+        phase = api.Phase.DEGRADED if was_ready else api.Phase.ALLOCATING
+        reason = "MemberNotReady" if was_ready else "MembersJoining"
+    cond = api.condition("Ready", api.ConditionStatus.TRUE if phase == api.Phase.READY else api.ConditionStatus.FALSE,
+                         reason, message, generation=generation, now=now)
+    old = next((c for c in status.conditions if c.type == "Ready"), None)
+    if old is not None and old.status == cond.status and old.reason == reason:
+        cond = cond.model_copy(update={"last_transition_time": old.last_transition_time})
+    out: dict[str, Any] = {
+        "phase": phase.value, "readyNodes": len(ready), "totalNodes": len(nodes), "observedGeneration": generation,
+        "conditions": [cond.model_dump(mode="json", by_alias=True, exclude_none=True)],
+    }
+    if allocation is not None:
+        out["clique"], out["channel"] = allocation
+    return out
+
+
+class Controller:
+    def __init__(self, client: Client, *, channels_per_clique: int = 128) -> None:
+        self.client = client
+        self.channels = channels_per_clique
+
+    def reconcile_pools(self) -> set[str]:
+        labelled = self.client.list(Node, labels={pools.CLIQUE_LABEL: None})
+        cliques = {n.metadata.labels[pools.CLIQUE_LABEL] for n in labelled if n.metadata and n.metadata.labels}
+        for clique in sorted(cliques):
+            done = pools.apply(self.client, clique, self.channels)
+            if not done.empty():
+                log.info("clique %s: pool updated (%d created, %d updated, %d deleted)", clique, len(done.create),
+                         len(done.update), len(done.delete))
+        published = {(s.metadata.labels or {}).get(pools.POOL_LABEL, "").removeprefix("clique-")
+                     for s in self.client.list(ResourceSlice, labels={pools.POOL_LABEL: None}) if s.metadata}
+        for gone in published - cliques - {""}:
+            log.info("clique %s has no nodes any more: withdrawing its pool", gone)
+            pools.withdraw(self.client, gone)
+        return cliques
+
+    def reconcile_domains(self) -> None:
+        for obj in self.client.list(ComputeDomainResource, namespace="*"):
+            try:
+                self._reconcile_domain(obj)
+            except (ApiError, ValueError) as exc:
+                meta = obj.metadata
+                log.warning("ComputeDomain %s/%s: %s", meta.namespace if meta else "?", meta.name if meta else "?", exc)
+
+    def _reconcile_domain(self, obj: Any) -> None:
+        cd = api.ComputeDomain.model_validate(obj.to_dict())
+        name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
+        claim_name = api.channel_claim_name(name, cd.spec)
+        try:
+            claim: ResourceClaim | None = self.client.get(ResourceClaim, claim_name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            claim = None
+        status = cd.status or api.ComputeDomainStatus()
+        generation = int((obj.metadata.generation if obj.metadata else None) or 0)
+        summary = summarize(cd.spec, status, generation, allocation_of(claim))
+        current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \
+                [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
+                [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
+            return
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": namespace},
+                "status": summary}
+        self.client.patch(ComputeDomainResource.Status, name, body, namespace=namespace,
+                          patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
+        log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
+
+    def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False) -> None:
+        while not stop():
+            try:
+                self.reconcile_pools()
+                self.reconcile_domains()
+            except ApiError as exc:
+                log.warning("reconcile pass failed: %s", exc.status.message)
+            time.sleep(interval_s)

@@ -1,0 +1,144 @@
+"""The controller: clique pools follow the Nodes; each ComputeDomain's summary follows its
+members and its channel claim. Pure phase rules first, then the real API server and scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from lightkube import ApiError
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import (
+    CELDeviceSelector,
+    DeviceClaim,
+    DeviceClassSpec,
+    DeviceRequest,
+    DeviceSelector,
+    ExactDeviceRequest,
+    ResourceClaimSpec,
+)
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from nodeagent import pools
+from nodeagent.controller import ComputeDomainResource, Controller, summarize
+from provider.api import computedomain as api
+from tests.conftest import Cluster
+from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
+
+T0 = datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.UTC)
+
+
+def status(*nodes: tuple[str, bool], phase: api.Phase | None = None) -> api.ComputeDomainStatus:
+    return api.ComputeDomainStatus(phase=phase, nodes=[
+        api.NodeStatus(name=n, ready=r, message=None if r else "IMEX daemon not ready") for n, r in nodes])
+
+
+@pytest.mark.parametrize(("spec", "st", "alloc", "phase", "message"), [
+    pytest.param(api.ComputeDomainSpec(), status(), None, "Pending", "waiting for a member pod", id="no-channel"),
+    pytest.param(api.ComputeDomainSpec(), status(("n1", False)), ("c.1", 5), "Allocating",
+                 "0 of 1 nodes ready; node n1: IMEX daemon not ready", id="joining"),
+    pytest.param(api.ComputeDomainSpec(), status(("n1", True), ("n2", True)), ("c.1", 5), "Ready",
+                 "2 of 2 nodes ready", id="all-ready-no-count"),
+    pytest.param(api.ComputeDomainSpec(numNodes=3), status(("n1", True), ("n2", True)), ("c.1", 5), "Allocating",
+                 "2 of 2 nodes ready (numNodes 3)", id="fewer-than-numNodes"),
+    pytest.param(api.ComputeDomainSpec(), status(("n1", True), ("n2", False), phase=api.Phase.READY), ("c.1", 5),
+                 "Degraded", "1 of 2 nodes ready; node n2: IMEX daemon not ready", id="was-ready"),
+])
+def test_phase_rules(spec: api.ComputeDomainSpec, st: api.ComputeDomainStatus, alloc: tuple[str, int] | None,
+                     phase: str, message: str) -> None:
+    out = summarize(spec, st, 4, alloc, now=T0)
+    assert out["phase"] == phase
+    assert message in out["conditions"][0]["message"]
+    assert out["observedGeneration"] == 4 and out["totalNodes"] == len(st.nodes)
+    assert out["conditions"][0]["status"] == ("True" if phase == "Ready" else "False")
+    if alloc:
+        assert (out["clique"], out["channel"]) == alloc
+
+
+def test_an_unchanged_condition_keeps_its_transition_time() -> None:
+    first = summarize(api.ComputeDomainSpec(), status(("n1", True)), 1, ("c.1", 2), now=T0)
+    prev = api.ComputeDomainStatus.model_validate({"phase": "Ready", "nodes": [{"name": "n1", "ready": True}],
+                                                   "conditions": first["conditions"]})
+    later = summarize(api.ComputeDomainSpec(), prev, 1, ("c.1", 2), now=T0 + datetime.timedelta(hours=1))
+    assert later["conditions"][0]["lastTransitionTime"] == first["conditions"][0]["lastTransitionTime"]
+
+
+@pytest.fixture
+def clique_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
+    cluster_uuid = uuid.uuid4()
+    run = cluster_uuid.hex[:5]
+    clique = f"{cluster_uuid}.32766"
+    names = [f"ctl-{run}-{i}" for i in range(2)]
+    install_crd(cluster.client)
+    make_ready_nodes(cluster.client, {n: {pools.CLIQUE_LABEL: clique, "ctl-test": run} for n in names})
+    with contextlib.suppress(ApiError):
+        cluster.client.create(DeviceClass(metadata=ObjectMeta(name="imex-channel.nvlfabric.io"), spec=DeviceClassSpec(
+            selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
+    yield clique, names
+    delete_nodes(cluster.client, names)
+    pools.withdraw(cluster.client, clique)
+
+
+@pytest.mark.cluster
+def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    client, (clique, names) = cluster.client, clique_nodes
+    ctl = Controller(client, channels_per_clique=4)
+    assert clique in ctl.reconcile_pools()
+    assert [s.metadata.name for s in pools.existing_slices(client, clique)] == [pools.slice_name(clique, 0)]
+
+    run = names[0].split("-")[1]
+    cd = f"cd-{run}"
+    client.create(ComputeDomainResource(metadata=ObjectMeta(name=cd, namespace="default"), spec={}))
+    client.create(ResourceClaim(metadata=ObjectMeta(name=f"{cd}-channel", namespace="default"),
+                                spec=ResourceClaimSpec(devices=DeviceClaim(requests=[DeviceRequest(
+                                    name="channel", exactly=ExactDeviceRequest(
+                                        deviceClassName="imex-channel.nvlfabric.io"))]))))
+    try:
+        def phase() -> str | None:
+            ctl.reconcile_domains()
+            return client.get(ComputeDomainResource, cd, namespace="default").status.get("phase")
+
+        assert phase() == "Pending"
+        client.create(Pod(metadata=ObjectMeta(name=f"{cd}-0", namespace="default"), spec=PodSpec(
+            nodeSelector={"ctl-test": run},
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{cd}-channel")],
+            containers=[Container(name="w", image="registry.invalid/w:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+        eventually("the channel to be allocated", lambda: phase() == "Allocating")
+
+        def report(node: str, ready: bool) -> None:  # what each node's agent writes
+            body = api.node_status_apply(cd, "default", api.NodeStatus(
+                name=node, ready=ready, clique=clique, message=None if ready else "IMEX daemon not ready"))
+            client.patch(ComputeDomainResource.Status, cd, body, namespace="default", patch_type=PatchType.APPLY,
+                         field_manager=f"nvlfabric-agent-{node}", force=True)
+
+        report(names[0], True)
+        report(names[1], True)
+        assert phase() == "Ready"
+        st = client.get(ComputeDomainResource, cd, namespace="default").status
+        assert st["clique"] == clique and 1 <= st["channel"] <= 4 and st["readyNodes"] == 2
+        assert [n["name"] for n in st["nodes"]] == names  # the agents' entries survive the controller's apply
+        report(names[1], False)
+        assert phase() == "Degraded"
+        cond = client.get(ComputeDomainResource, cd, namespace="default").status["conditions"][0]
+        assert cond["message"] == f"1 of 2 nodes ready; node {names[1]}: IMEX daemon not ready"
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, f"{cd}-0", namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, f"{cd}-channel", namespace="default")
+        with contextlib.suppress(ApiError):
+            client.delete(ComputeDomainResource, cd, namespace="default")
+
+    delete_nodes(client, names)
+    eventually("the clique's pool to be withdrawn once its nodes are gone",
+               lambda: clique not in ctl.reconcile_pools() and not pools.existing_slices(client, clique) or None)
+    assert not list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)}))
