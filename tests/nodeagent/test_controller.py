@@ -140,5 +140,5 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
 
     delete_nodes(client, names)
     eventually("the clique's pool to be withdrawn once its nodes are gone",
-               lambda: clique not in ctl.reconcile_pools() and not pools.existing_slices(client, clique) or None)
+               lambda: (clique not in ctl.reconcile_pools() and not pools.existing_slices(client, clique)) or None)
     assert not list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)}))
