@@ -12,7 +12,7 @@ from typing import TypeVar
 import yaml
 from lightkube import ApiError, Client
 from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.models.core_v1 import NodeCondition, NodeSpec, NodeStatus
+from lightkube.models.core_v1 import NodeAddress, NodeCondition, NodeSpec, NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.coordination_v1 import Lease
@@ -35,7 +35,8 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]]) -> None:
+def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]], *,
+                     addresses: dict[str, str] | None = None) -> None:
     """Nodes as a healthy kubelet leaves them (Ready, Lease), waited until the node-lifecycle
     controller lifted the not-ready taint, so the scheduler may use them."""
     now = datetime.datetime.now(datetime.UTC)
@@ -46,7 +47,8 @@ def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]]) 
             capacity={"cpu": "8", "memory": "8Gi", "pods": "110"},
             allocatable={"cpu": "8", "memory": "8Gi", "pods": "110"},
             conditions=[NodeCondition(type="Ready", status="True", reason="KubeletReady", lastHeartbeatTime=now,
-                                      lastTransitionTime=now)]).to_dict()})
+                                      lastTransitionTime=now)],
+            addresses=[NodeAddress(type="InternalIP", address=addresses[name])] if addresses else None).to_dict()})
         client.create(Lease(metadata=ObjectMeta(name=name, namespace="kube-node-lease"),
                             spec=LeaseSpec(holderIdentity=name, leaseDurationSeconds=40, renewTime=now)))
     eventually("the node-lifecycle controller to untaint the new nodes",
