@@ -288,6 +288,15 @@ class ChannelDriver:
                 log.warning("ComputeDomain %s/%s: could not withdraw node status: %s", namespace, cd_name,
                             exc.status.message)
 
+    def housekeeping(self, *, clique: str | None) -> None:
+        """Periodic: follow a changed clique; drop aborted entries whose stale-prepare window ended."""
+        with self._lock:
+            if clique != self.node.clique:
+                self.node = NodeIdentity(self.node.name, self.node.address, clique)
+            cp = checkpoint.expire_aborted(self.state, now=self.clock())
+            if cp != self.state:
+                self._save(cp)
+
     def stop(self) -> None:
         """Agent shutdown: daemons keep running only as long as the agent (the kubelet restarts it)."""
         for d in self._domains.values():

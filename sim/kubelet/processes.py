@@ -95,8 +95,8 @@ def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None
         elif vol.projected is not None or vol.emptyDir is not None or vol.configMap is not None:
             out[vol.name] = pod_dir / "volumes" / vol.name
     for d in out.values():
-        if not d.suffix or d.is_dir():
-            d.mkdir(parents=True, exist_ok=True)
+        if not d.exists():
+            d.mkdir(parents=True, exist_ok=True)  # DirectoryOrCreate; files (e.g. /proc/devices) exist
     # The projected service-account volume the ServiceAccount admission plugin added.
     for vol in pod.spec.volumes or []:
         if vol.projected is not None and vol.name.startswith("kube-api-access"):

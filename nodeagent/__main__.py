@@ -1,0 +1,151 @@
+"""`python -m nodeagent agent|controller`: the node agent (DaemonSet) or the controller (Deployment).
+
+Every setting has a flag and an environment-variable twin (the DaemonSet sets the latter from the
+downward API). The agent:
+1. discovers the GPUs and the NVLink clique through NVML (from the driver root);
+2. labels its own Node `nvlfabric.io/clique=<clique>` (or removes the label while the fabric is
+   not ready, and says why), so the controller publishes the clique's channel pool;
+3. serves the kubelet plugin sockets and prepares channel claims (driver.py);
+4. re-checks the fabric and expires aborted checkpoint entries every --resync-seconds;
+5. on SIGTERM stops serving, removes its sockets and stops its IMEX daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+from lightkube import ApiError, Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.resources.core_v1 import Node
+
+from nodeagent import checkpoint, discovery, pools
+from nodeagent.controller import Controller
+from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
+from nodeagent.server import PluginServer, SocketPaths
+from provider.api.channelconfig import DRIVER
+
+log = logging.getLogger("nvlfabric.nodeagent")
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: what log collectors expect from a DaemonSet."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def env_default(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m nodeagent", description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["agent", "controller"])
+    ap.add_argument("--node-name", default=env_default("NODE_NAME", ""), help="this Node's name ($NODE_NAME)")
+    ap.add_argument("--node-ip", default=env_default("NODE_IP", ""),
+                    help="this node's address for IMEX peers ($NODE_IP, the downward API's status.hostIP)")
+    ap.add_argument("--kubelet-root", type=Path, default=Path(env_default("KUBELET_ROOT", "/var/lib/kubelet")))
+    ap.add_argument("--cdi-root", type=Path, default=Path(env_default("CDI_ROOT", "/var/run/cdi")))
+    ap.add_argument("--driver-root", type=Path, default=Path(env_default("DRIVER_ROOT", "/run/nvidia/driver")),
+                    help="where the NVIDIA driver's files are (NVML library, nvidia-imex)")
+    ap.add_argument("--proc-devices", type=Path, default=Path(env_default("PROC_DEVICES", "/proc/devices")))
+    ap.add_argument("--boot-id", type=Path,
+                    default=Path(env_default("BOOT_ID_PATH", str(checkpoint.DEFAULT_BOOT_ID_PATH))))
+    ap.add_argument("--service-account-dir", default=env_default("SERVICE_ACCOUNT_DIR", SA_DIR),
+                    help="in-cluster credentials; --kubeconfig / $KUBECONFIG take precedence")
+    ap.add_argument("--kubeconfig", default=env_default("KUBECONFIG", ""))
+    ap.add_argument("--resync-seconds", type=float, default=float(env_default("RESYNC_SECONDS", "30")))
+    ap.add_argument("--channels-per-clique", type=int, default=int(env_default("CHANNELS_PER_CLIQUE", "128")),
+                    help="controller: size of each clique's channel pool (1-2047)")
+    ap.add_argument("--log-format", choices=["json", "text"], default=env_default("LOG_FORMAT", "json"))
+    return ap
+
+
+def client_from(args: argparse.Namespace, manager: str) -> Client:
+    if args.kubeconfig:
+        config = KubeConfig.from_file(args.kubeconfig)
+    else:
+        config = KubeConfig.from_service_account(service_account=args.service_account_dir)
+    return Client(config=config, field_manager=manager)
+
+
+def label_node(client: Client, node: str, found: discovery.NodeDiscovery) -> None:
+    labels: dict[str, str | None] = {pools.CLIQUE_LABEL: found.clique,
+                                     "nvlfabric.io/fabric-ready": "true" if found.fabric_ready else "false"}
+    client.patch(Node, node, {"metadata": {"labels": labels}})
+    if found.fabric_ready:
+        log.info("node %s is in clique %s (%d GPUs)", node, found.clique, len(found.gpus))
+    else:
+        log.warning("node %s: NVLink fabric not ready: %s; no ComputeDomain channel will be prepared here",
+                    node, found.reason)
+
+
+def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
+    if not args.node_name or not args.node_ip:
+        log.error("--node-name and --node-ip (or $NODE_NAME, $NODE_IP from the downward API) are required")
+        return 2
+    client = client_from(args, f"nvlfabric-agent-{args.node_name}")
+    try:
+        found = discovery.discover(args.driver_root)
+    except discovery.NvmlUnavailable as exc:
+        log.error("%s; check --driver-root (%s) and that the NVIDIA driver is loaded", exc, args.driver_root)
+        found = discovery.NodeDiscovery(reason=str(exc))
+    label_node(client, args.node_name, found)
+    paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
+                  driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
+    driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths)
+    server = PluginServer(paths=SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER), driver=driver)
+    server.start()
+    try:
+        while not stop.wait(args.resync_seconds):
+            try:
+                fresh = discovery.discover(args.driver_root)
+            except discovery.NvmlUnavailable as exc:
+                fresh = discovery.NodeDiscovery(reason=str(exc))
+            if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
+                found = fresh
+                label_node(client, args.node_name, found)
+            driver.housekeeping(clique=found.clique)
+    except ApiError as exc:
+        log.error("API server error: %s", exc.status.message)
+    finally:
+        server.stop()
+        driver.stop()
+    return 0
+
+
+def run_controller(args: argparse.Namespace, stop: threading.Event) -> int:
+    client = client_from(args, "nvlfabric-controller")
+    Controller(client, channels_per_clique=args.channels_per_clique).run(stop=stop.is_set)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    for noisy in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return run_agent(args, stop) if args.mode == "agent" else run_controller(args, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

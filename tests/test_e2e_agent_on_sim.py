@@ -1,0 +1,133 @@
+"""The whole node side on the simulator: the driver deployed as in a real cluster (DaemonSet +
+controller Deployment, run by the simulated kubelets as local processes), agents discovering
+their clique through NVML, the controller publishing the clique's channels, ComputeDomains as
+one shared claim each, and pods starting with the right IMEX channel in their container edits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import ApiError, Client, codecs
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import (
+    DeviceClaim,
+    DeviceClaimConfiguration,
+    DeviceRequest,
+    ExactDeviceRequest,
+    OpaqueDeviceConfiguration,
+    ResourceClaimSpec,
+)
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from nodeagent import pools
+from nodeagent.controller import ComputeDomainResource
+from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
+from sim.controlplane import ControlPlane, Ports
+from sim.nodes import rack_nodes
+from tests.kube import eventually, install_crd
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parent.parent
+PORTS = Ports(etcd_client=43793, etcd_peer=43803, apiserver=46445, scheduler=40262)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[tuple[ControlPlane, Client]]:
+    state = Path(tempfile.mkdtemp(prefix="nvle-", dir="/tmp"))
+    cp = ControlPlane(state_dir=state, ports=PORTS, racks=1, nodes_per_rack=3, progress=lambda m: None)
+    cp.up()
+    client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="e2e")
+    try:
+        install_crd(client)
+        for obj in codecs.load_all_yaml((REPO / "deploy" / "driver" / "driver.yaml").read_text()):
+            client.apply(obj, field_manager="e2e", force=True)
+        yield cp, client
+    finally:
+        client.close()
+        cp.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def domain(client: Client, name: str, nodes: list[str]) -> None:
+    """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node."""
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
+    config = ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace="default", uid=cd.metadata.uid))
+    client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace="default"),
+                                spec=ResourceClaimSpec(devices=DeviceClaim(
+                                    requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
+                                        deviceClassName="imex-channel.nvlfabric.io"))],
+                                    config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(
+                                        driver=DRIVER, parameters=config.to_kube()))]))))
+    for i, node in enumerate(nodes):
+        client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
+            nodeSelector={"kubernetes.io/hostname": node},
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
+            containers=[Container(name="worker", image="registry.invalid/train:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+
+
+def edits(state: Path, node: str, pod: str) -> dict[str, object]:
+    return json.loads((state / "nodes" / node / "containers" / f"default_{pod}_worker.json").read_text())
+
+
+def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlane, Client]) -> None:
+    cp, client = sim
+    names = [n.name for n in rack_nodes(cp.state_dir, 1, 3)]
+    labelled = eventually("every agent to label its Node with the clique", lambda: (
+        cliques if len(cliques := {client.get(Node, n).metadata.labels.get(pools.CLIQUE_LABEL) for n in names}
+                       - {None}) == 1 else None), timeout=90)
+    clique = labelled.pop()
+    eventually("the controller to publish the clique's channel pool",
+               lambda: list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)})))
+
+    a, b = f"a-{uuid.uuid4().hex[:5]}", f"b-{uuid.uuid4().hex[:5]}"
+    domain(client, a, names[:2])  # one domain over two nodes
+    domain(client, b, names[1:2])  # another domain sharing a node with the first
+    try:
+        for pod in (f"{a}-0", f"{a}-1", f"{b}-0"):
+            eventually(f"pod {pod} to run", lambda pod=pod: (
+                client.get(Pod, pod, namespace="default").status.phase == "Running"), timeout=120)
+        channel = {}
+        for cd in (a, b):
+            claim = client.get(ResourceClaim, f"{cd}-channel", namespace="default")
+            (result,) = claim.status.allocation.devices.results
+            channel[cd] = int(result.device.removeprefix("channel-"))
+        assert channel[a] != channel[b]
+        for pod, node, cd in ((f"{a}-0", names[0], a), (f"{a}-1", names[1], a), (f"{b}-0", names[1], b)):
+            rec = edits(cp.state_dir, node, pod)
+            assert rec["deviceNodes"] == [{"path": f"/dev/nvidia-caps-imex-channels/channel{channel[cd]}",
+                                           "type": "c", "major": 507, "minor": channel[cd]}], (pod, rec)
+            assert f"NVLFABRIC_COMPUTE_DOMAIN={cd}" in rec["env"]  # type: ignore[operator]
+        status = eventually("domain a to be Ready", lambda: (
+            s if (s := client.get(ComputeDomainResource, a, namespace="default").status or {}).get("phase") == "Ready"
+            else None), timeout=60)
+        assert status["clique"] == clique and status["channel"] == channel[a] and status["readyNodes"] == 2
+    finally:
+        for cd, count in ((a, 2), (b, 1)):
+            for i in range(count):
+                with contextlib.suppress(ApiError):
+                    client.delete(Pod, f"{cd}-{i}", namespace="default")
+    for cd, count in ((a, 2), (b, 1)):
+        for i in range(count):
+            eventually("the pods to be removed after unprepare", lambda cd=cd, i=i: _gone(client, f"{cd}-{i}"))
+    for node in names:
+        assert not list((cp.state_dir / "nodes" / node / "cdi" / "run").glob("k8s.channel.nvlfabric.io-claim_*"))
+
+
+def _gone(client: Client, pod: str) -> bool:
+    try:
+        client.get(Pod, pod, namespace="default")
+    except ApiError as exc:
+        return exc.status.code == 404
+    return False
