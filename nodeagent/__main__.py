@@ -13,6 +13,7 @@ downward API). The agent:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -24,9 +25,11 @@ from pathlib import Path
 
 from lightkube import ApiError, Client
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.resources.core_v1 import Node
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node
 
-from nodeagent import checkpoint, discovery, pools
+from nodeagent import checkpoint, discovery, health, metrics, pools
 from nodeagent.controller import Controller
 from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import PluginServer, SocketPaths
@@ -71,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--channels-per-clique", type=int, default=int(env_default("CHANNELS_PER_CLIQUE", "128")),
                     help="controller: size of each clique's channel pool (1-2047)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env_default("LOG_FORMAT", "json"))
+    ap.add_argument("--listen-address", default=env_default("LISTEN_ADDRESS", ""),
+                    help="address for the health and metrics ports (the pod IP; empty: all addresses)")
+    ap.add_argument("--health-port", type=int, default=int(env_default("HEALTH_PORT", "51515")),
+                    help="gRPC health service that checks the kubelet sockets; 0 disables")
+    ap.add_argument("--metrics-port", type=int, default=int(env_default("METRICS_PORT", "0")),
+                    help="Prometheus metrics (/metrics); 0 disables")
     return ap
 
 
@@ -82,10 +91,30 @@ def client_from(args: argparse.Namespace, manager: str) -> Client:
     return Client(config=config, field_manager=manager)
 
 
+FABRIC_CONDITION = "NVLinkFabricReady"
+
+
 def label_node(client: Client, node: str, found: discovery.NodeDiscovery) -> None:
+    """Tell the cluster what this node's fabric is: clique label, a Node condition, and an Event
+    when it is not ready (so `kubectl describe node` says why no ComputeDomain lands here)."""
     labels: dict[str, str | None] = {pools.CLIQUE_LABEL: found.clique,
                                      "nvlfabric.io/fabric-ready": "true" if found.fabric_ready else "false"}
     client.patch(Node, node, {"metadata": {"labels": labels}})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reason = "FabricRegistered" if found.fabric_ready else "FabricNotReady"
+    message = f"NVLink clique {found.clique}" if found.fabric_ready else found.reason
+    client.patch(Node.Status, node, {"status": {"conditions": [{
+        "type": FABRIC_CONDITION, "status": "True" if found.fabric_ready else "False", "reason": reason,
+        "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+    metrics.FABRIC_READY.set(1 if found.fabric_ready else 0)
+    if not found.fabric_ready:
+        with contextlib.suppress(ApiError):
+            client.create(Event(
+                metadata=ObjectMeta(generateName=f"{node}.", namespace="default"),
+                involvedObject=ObjectReference(kind="Node", name=node, uid=node, apiVersion="v1"),
+                reason="NVLinkFabricNotReady", message=message[:1024], type="Warning",
+                source=EventSource(component="nvlfabric-agent", host=node),
+                firstTimestamp=datetime.now(UTC), lastTimestamp=datetime.now(UTC), count=1))
     if found.fabric_ready:
         log.info("node %s is in clique %s (%d GPUs)", node, found.clique, len(found.gpus))
     else:
@@ -107,8 +136,11 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
     driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths)
-    server = PluginServer(paths=SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER), driver=driver)
+    sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
+    server = PluginServer(paths=sockets, driver=driver)
     server.start()
+    health_server = health.serve(sockets, args.health_port, args.listen_address)
+    metrics.serve(args.metrics_port, args.listen_address)
     try:
         while not stop.wait(args.resync_seconds):
             try:
@@ -119,9 +151,12 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
                 found = fresh
                 label_node(client, args.node_name, found)
             driver.housekeeping(clique=found.clique)
+            metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
     except ApiError as exc:
         log.error("API server error: %s", exc.status.message)
     finally:
+        if health_server is not None:
+            health_server.stop(1)
         server.stop()
         driver.stop()
     return 0

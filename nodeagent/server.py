@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from kubeletapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from nodeagent import metrics
 
 log = logging.getLogger("nvlfabric.nodeagent.server")
 
@@ -116,15 +118,30 @@ def _unprepare_response(pb: Any, results: dict[str, str], claims: list[ClaimRef]
     return resp
 
 
+def _observe(histogram: Any, seconds: float, claims: list[ClaimRef], errors: int, operation: str) -> None:
+    for _ in claims:
+        histogram.observe(seconds / len(claims))
+    if errors:
+        metrics.CLAIM_ERRORS.labels(operation).inc(errors)
+
+
 def _dra_servicer(base: type, pb: Any, driver: Driver) -> Any:
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
             claims = _claims(request)
-            return _prepare_response(pb, driver.prepare(claims), claims)
+            t0 = time.perf_counter()
+            results = driver.prepare(claims)
+            _observe(metrics.PREPARE_SECONDS, time.perf_counter() - t0, claims,
+                     sum(isinstance(r, str) for r in results.values()), "prepare")
+            return _prepare_response(pb, results, claims)
 
         def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
             claims = _claims(request)
-            return _unprepare_response(pb, driver.unprepare(claims), claims)
+            t0 = time.perf_counter()
+            results = driver.unprepare(claims)
+            _observe(metrics.UNPREPARE_SECONDS, time.perf_counter() - t0, claims,
+                     sum(bool(r) for r in results.values()), "unprepare")
+            return _unprepare_response(pb, results, claims)
 
     return Servicer()
 

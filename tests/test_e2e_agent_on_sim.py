@@ -9,14 +9,17 @@ import contextlib
 import json
 import shutil
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import Container, EnvVar, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import (
@@ -27,12 +30,13 @@ from lightkube.models.resource_v1 import (
     OpaqueDeviceConfiguration,
     ResourceClaimSpec,
 )
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nodeagent import pools
 from nodeagent.controller import ComputeDomainResource
 from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
+from sim import faults
 from sim.controlplane import ControlPlane, Ports
 from sim.nodes import rack_nodes
 from tests.kube import eventually, install_crd
@@ -51,6 +55,8 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
     try:
         install_crd(client)
         for obj in codecs.load_all_yaml((REPO / "deploy" / "driver" / "driver.yaml").read_text()):
+            if obj.kind == "DaemonSet":  # re-check the fabric every 2 s instead of 30 s, for the fault test
+                obj.spec.template.spec.containers[0].env.append(EnvVar(name="RESYNC_SECONDS", value="2"))
             client.apply(obj, field_manager="e2e", force=True)
         yield cp, client
     finally:
@@ -131,3 +137,31 @@ def _gone(client: Client, pod: str) -> bool:
     except ApiError as exc:
         return exc.status.code == 404
     return False
+
+
+def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: tuple[ControlPlane, Client]) -> None:
+    cp, client = sim
+    nodes = rack_nodes(cp.state_dir, 1, 3)
+    node = nodes[2]
+    eventually("the agent to report the fabric condition", lambda: any(
+        c.type == "NVLinkFabricReady" and c.status == "True"
+        for c in client.get(Node, node.name).status.conditions or []), timeout=90)
+    with grpc.insecure_channel(f"{node.address}:51515") as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    body = urllib.request.urlopen(f"http://{nodes[0].address}:9400/metrics", timeout=5).read().decode()
+    assert "nvlfabric_fabric_ready 1.0" in body and "nvlfabric_prepare_seconds_bucket" in body
+
+    assert "NVML fault" in faults.inject(cp.state_dir, node, "fabric-not-started")
+    try:
+        cond = eventually("the agent to notice the fabric is not ready", lambda: next((
+            c for c in client.get(Node, node.name).status.conditions or []
+            if c.type == "NVLinkFabricReady" and c.status == "False"), None), timeout=60)
+        assert "fabric registration is NotStarted" in (cond.message or "")
+        assert pools.CLIQUE_LABEL not in (client.get(Node, node.name).metadata.labels or {})
+        events = client.list(Event, namespace="default", fields={"involvedObject.name": node.name})
+        assert any(e.reason == "NVLinkFabricNotReady" for e in events)
+    finally:
+        faults.inject(cp.state_dir, node, "clear")
+    eventually("the clique label to come back", lambda: pools.CLIQUE_LABEL in (
+        client.get(Node, node.name).metadata.labels or {}), timeout=60)
