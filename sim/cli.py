@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="simulated GB200 NVL72 racks to bring up (0: control plane only)")
     up.add_argument("--nodes-per-rack", type=int, default=NODES_PER_RACK,
                     help=f"nodes (compute trays) per rack, at most {NODES_PER_RACK}")
+    up.add_argument("--first-rack", type=int, default=0,
+                    help="number of the first rack: names and 127.10.<rack>.x addresses start there, so two "
+                         "simulators on one machine do not collide")
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
@@ -65,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             cp.ports = Ports(etcd_client=args.etcd_port, etcd_peer=args.etcd_peer_port,
                              apiserver=args.apiserver_port, scheduler=args.scheduler_port)
             if args.racks:
-                rack_nodes(state_dir, args.racks, args.nodes_per_rack)  # validates, names the flag
-            cp.racks, cp.nodes_per_rack = args.racks, args.nodes_per_rack
+                rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)  # validates
+            cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
             if not cp.up():
                 print(f"nvlfabric-sim is already running at {cp.server} (state in {state_dir}); nothing changed")
             return 0
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fault":
             if saved is None or not cp.running():
                 raise ControlPlaneError(f"nvlfabric-sim is not running (state dir {state_dir})")
-            node = find_node(state_dir, saved.racks, saved.nodes_per_rack, args.node)
+            node = find_node(state_dir, saved.racks, saved.nodes_per_rack, args.node, first_rack=saved.first_rack)
             print(inject(state_dir, node, args.fault, args.gpu))
             return 0
     except (ControlPlaneError, ToolsMissing, StandinsMissing, ValueError) as exc:  # FaultError too

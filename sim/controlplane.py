@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel
 
 from sim import hardware, pki, processes
-from sim.nodes import NODES_PER_RACK, rack_nodes
+from sim.nodes import NODES_PER_RACK, SimNode, rack_nodes
 from sim.paths import Tools, load_tools
 from sim.processes import ProcessRecord
 
@@ -63,6 +63,7 @@ class State(BaseModel):
     ready_s: float | None = None
     racks: int = 0
     nodes_per_rack: int = NODES_PER_RACK
+    first_rack: int = 0
     nodes_ready_s: float | None = None
 
 
@@ -82,7 +83,13 @@ class ControlPlane:
     progress: Callable[[str], None] = print
     racks: int = 0
     nodes_per_rack: int = NODES_PER_RACK
+    first_rack: int = 0
+    """Number of the first rack. Node names and loopback addresses (127.10.<rack>.<n>) derive from
+    it, so two simulators on one machine (a demo and the test suite) need different ranges."""
     images: dict[str, list[str]] = field(default_factory=default_images)
+
+    def nodes(self) -> list[SimNode]:
+        return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack)
 
     @property
     def state_file(self) -> Path:
@@ -150,6 +157,8 @@ class ControlPlane:
             if state is not None:
                 if self.running():
                     self.ports = state.ports
+                    self.racks, self.nodes_per_rack, self.first_rack = (state.racks, state.nodes_per_rack,
+                                                                        state.first_rack)
                     return False
                 # Leftovers of a crash: stop what survives before starting afresh.
                 self._stop_all(state)
@@ -161,7 +170,7 @@ class ControlPlane:
             self.backend_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
-                          racks=self.racks, nodes_per_rack=self.nodes_per_rack)
+                          racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
@@ -278,7 +287,7 @@ class ControlPlane:
 
     def _start_nodes(self, state: State) -> None:
         """Simulated GB200 racks: stand-ins in each node's driver root, then one kubelet process."""
-        nodes = rack_nodes(self.state_dir, self.racks, self.nodes_per_rack)
+        nodes = self.nodes()
         self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
         built = hardware.build_standins()
         hardware.write_topology(self.state_dir, nodes)
@@ -288,7 +297,7 @@ class ControlPlane:
             hardware.install_driver_root(node, built)
         self._launch(state, "sim-kubelet", [
             sys.executable, "-m", "sim.kubelet", f"--state-dir={self.state_dir}", f"--kubeconfig={self.kubeconfig}",
-            f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}",
+            f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
             f"--images={json.dumps(self.images)}", f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
         ])
         names = {n.name for n in nodes}

@@ -32,8 +32,8 @@ class FaultError(ValueError):
     pass
 
 
-def find_node(state_dir: Path, racks: int, nodes_per_rack: int, name: str) -> SimNode:
-    nodes = {n.name: n for n in rack_nodes(state_dir, racks, nodes_per_rack)} if racks else {}
+def find_node(state_dir: Path, racks: int, nodes_per_rack: int, name: str, *, first_rack: int = 0) -> SimNode:
+    nodes = {n.name: n for n in rack_nodes(state_dir, racks, nodes_per_rack, first_rack=first_rack)} if racks else {}
     if name not in nodes:
         known = ", ".join(sorted(nodes)[:3]) + (" …" if len(nodes) > 3 else "")
         raise FaultError(f"no simulated node {name!r} (known: {known or 'none; start with up --racks N'})")

@@ -38,18 +38,19 @@ from nodeagent.controller import ComputeDomainResource
 from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
 from sim import faults
 from sim.controlplane import ControlPlane, Ports
-from sim.nodes import rack_nodes
 from tests.kube import eventually, install_crd
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
 PORTS = Ports(etcd_client=43793, etcd_peer=43803, apiserver=46445, scheduler=40262)
+RACK = 150  # addresses 127.10.150.x: away from a demo's racks on the same machine
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[tuple[ControlPlane, Client]]:
     state = Path(tempfile.mkdtemp(prefix="nvle-", dir="/tmp"))
-    cp = ControlPlane(state_dir=state, ports=PORTS, racks=1, nodes_per_rack=3, progress=lambda m: None)
+    cp = ControlPlane(state_dir=state, ports=PORTS, racks=1, nodes_per_rack=3, first_rack=RACK,
+                      progress=lambda m: None)
     cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="e2e")
     try:
@@ -89,7 +90,7 @@ def edits(state: Path, node: str, pod: str) -> dict[str, object]:
 
 def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlane, Client]) -> None:
     cp, client = sim
-    names = [n.name for n in rack_nodes(cp.state_dir, 1, 3)]
+    names = [n.name for n in cp.nodes()]
     labelled = eventually("every agent to label its Node with the clique", lambda: (
         cliques if len(cliques := {client.get(Node, n).metadata.labels.get(pools.CLIQUE_LABEL) for n in names}
                        - {None}) == 1 else None), timeout=90)
@@ -141,7 +142,7 @@ def _gone(client: Client, pod: str) -> bool:
 
 def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: tuple[ControlPlane, Client]) -> None:
     cp, client = sim
-    nodes = rack_nodes(cp.state_dir, 1, 3)
+    nodes = cp.nodes()
     node = nodes[2]
     eventually("the agent to report the fabric condition", lambda: any(
         c.type == "NVLinkFabricReady" and c.status == "True"

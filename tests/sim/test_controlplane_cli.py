@@ -122,7 +122,8 @@ def test_up_with_racks_brings_ready_gb200_nodes_and_faults_reach_them(tmp_path: 
     state_dir = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))  # short: node sockets live below it
     ports = Ports(etcd_client=43792, etcd_peer=43802, apiserver=46444, scheduler=40261)
     try:
-        up = sim("up", *port_flags(ports), "--racks", "2", "--nodes-per-rack", "2", state_dir=state_dir)
+        up = sim("up", *port_flags(ports), "--racks", "2", "--nodes-per-rack", "2", "--first-rack", "0",
+                 state_dir=state_dir)
         assert up.returncode == 0, up.stderr
         assert "4/4 nodes Ready" in up.stderr
         status = sim("status", state_dir=state_dir)
