@@ -83,6 +83,7 @@ from pydantic_core import ErrorDetails
 
 from provider import await_, errors, kube
 from provider.api import computedomain as api
+from provider.api.channelconfig import ChannelConfig, ComputeDomainRef
 from provider.api.computedomain import ComputeDomainSpec, channel_claim_name, immutable_changes
 from provider.await_ import AwaitFor, Deadline, Snapshot
 
@@ -331,14 +332,10 @@ def _reuses_a_name(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
 
 
 def channel_config(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec) -> dict[str, Any]:
-    """The opaque config of the channel claim, for the driver `channel.nvlfabric.io`."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": CHANNEL_CONFIG_KIND,
-        "computeDomain": {"name": cd_name, "namespace": namespace, "uid": uid},
-        "imexMode": spec.imex_mode.value,
-        "channelAllocationMode": spec.channel_allocation_mode.value,
-    }
+    """The opaque config of the channel claim, for the driver `channel.nvlfabric.io` (the one schema
+    is provider/api/channelconfig.py, which the node agent decodes strictly)."""
+    return ChannelConfig(compute_domain=ComputeDomainRef(name=cd_name, namespace=namespace, uid=uid),
+                         imex_mode=spec.imex_mode, channel_allocation_mode=spec.channel_allocation_mode).to_kube()
 
 
 def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provider.api.computedomain import API_VERSION, IMEXMode
+from provider.api.computedomain import API_VERSION, ChannelAllocationMode, IMEXMode
 
 DRIVER = "channel.nvlfabric.io"
 
@@ -31,6 +31,8 @@ class ChannelConfig(BaseModel):
     kind: Literal["ChannelConfig"] = "ChannelConfig"
     compute_domain: ComputeDomainRef = Field(alias="computeDomain")
     imex_mode: IMEXMode = Field(IMEXMode.CLIQUE_SCOPED, alias="imexMode")
+    channel_allocation_mode: ChannelAllocationMode = Field(ChannelAllocationMode.SINGLE,
+                                                           alias="channelAllocationMode")
 
     def to_kube(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
