@@ -1,0 +1,491 @@
+"""The driver's admission policies on a real API server (`--authorization-mode=Node,RBAC`).
+
+RBAC lets the agent's service account patch any Node and the status of any ComputeDomain; the
+ValidatingAdmissionPolicy in deploy/driver/driver.yaml narrows that to the agent's own node, taken
+from its pod-bound token (`authentication.kubernetes.io/node-name`): the `nvlfabric.io/` labels and
+the `NVLinkFabricReady` condition of its own Node and its own `status.nodes[name=<node>]` entry of
+ComputeDomains, nothing else, and no ResourceSlice at all. A second policy keeps the controller's
+ResourceSlices to clique pools of our driver.
+
+The tests act with real service-account tokens: one bound to a pod on node-a (as the kubelet gives
+the agent's DaemonSet pod), one not bound to any pod, and one of the controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.core_v1 import Container, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.models.resource_v1 import Device, ResourcePool, ResourceSliceSpec
+from lightkube.resources.admissionregistration_v1 import (
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+)
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.resource_v1 import ResourceSlice
+from lightkube.types import PatchType
+
+from nodeagent.controller import ComputeDomainResource
+from provider.api import computedomain as api
+from tests.conftest import Cluster
+from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
+
+pytestmark = pytest.mark.cluster
+DRIVER_YAML = Path(__file__).resolve().parent.parent / "deploy" / "driver" / "driver.yaml"
+NAMESPACE = "nvlfabric-system"
+AGENT, CONTROLLER = "nvlfabric-agent", "nvlfabric-controller"
+DRIVER = "channel.nvlfabric.io"
+# What the tests install from driver.yaml: everything but the workloads (nothing would run them).
+INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+           "ValidatingAdmissionPolicyBinding"}
+POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices")
+FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
+CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
+POLICY_EFFECTIVE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Env:
+    admin: Client
+    agent: Client  # token bound to a pod on node_a
+    node_a: str
+    node_b: str
+    server: str
+    ca_data: str
+    suffix: str
+
+    def token_client(self, service_account: str, *, bound_pod: Pod | None = None, manager: str) -> Client:
+        return token_client(self.admin, self.server, self.ca_data, service_account, bound_pod=bound_pod,
+                            manager=manager)
+
+
+def token_client(admin: Client, server: str, ca_data: str, service_account: str, *, bound_pod: Pod | None,
+                 manager: str) -> Client:
+    """A client authenticating with a fresh TokenRequest token of the service account; bound to
+    `bound_pod` when given (the token then carries the pod's node, as a projected token does)."""
+    bound = None
+    if bound_pod is not None:
+        assert bound_pod.metadata is not None
+        bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=bound_pod.metadata.name,
+                                     uid=bound_pod.metadata.uid)
+    req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=NAMESPACE),
+                               spec=TokenRequestSpec(audiences=[], expirationSeconds=3600, boundObjectRef=bound))
+    resp = admin.create(req, service_account, namespace=NAMESPACE)
+    assert resp.status is not None and resp.status.token
+    config = KubeConfig.from_dict({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "sim", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": service_account, "user": {"token": resp.status.token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "sim", "user": service_account}}],
+    })
+    return Client(config=config, field_manager=manager)
+
+
+def denied(action: Callable[[], Any]) -> str:
+    """Run an action that the admission policy must refuse; return the refusal's message."""
+    with pytest.raises(ApiError) as info:
+        action()
+    status = info.value.status
+    assert status.code == 403 and "ValidatingAdmissionPolicy" in (status.message or ""), (status.code, status.message)
+    return str(status.message)
+
+
+@contextlib.contextmanager
+def granted(env: Env, what: str, *rules: PolicyRule) -> Iterator[None]:
+    """Temporarily grant the agent's service account more than its ClusterRole does."""
+    name = f"test-agent-{what}-{env.suffix}"
+    env.admin.create(ClusterRole(metadata=ObjectMeta(name=name), rules=list(rules)))
+    env.admin.create(ClusterRoleBinding(metadata=ObjectMeta(name=name), roleRef=RoleRef(
+        apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=name),
+        subjects=[Subject(kind="ServiceAccount", name=AGENT, namespace=NAMESPACE)]))
+    try:
+        yield
+    finally:
+        env.admin.delete(ClusterRoleBinding, name)
+        env.admin.delete(ClusterRole, name)
+
+
+def eventually_denied(action: Callable[[], Any]) -> str:
+    """Like `denied`, while a fresh RBAC grant may still be on its way (RBAC refuses until then)."""
+    def refusal() -> str | None:
+        try:
+            action()
+        except ApiError as exc:
+            message = exc.status.message or ""
+            if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
+                return message
+            if exc.status.code == 403:
+                return None  # RBAC, not updated yet
+            raise
+        raise AssertionError("the request was admitted")
+    return eventually("the admission policy to refuse the request", refusal, timeout=POLICY_EFFECTIVE_S)
+
+
+def label(client: Client, node: str, labels: dict[str, str | None]) -> Any:
+    return client.patch(Node, node, {"metadata": {"labels": labels}})
+
+
+def install_driver_objects(admin: Client) -> None:
+    install_crd(admin)
+    eventually(f"namespace {NAMESPACE} not to be terminating (a previous run's deletion)",
+               lambda: _namespace_usable(admin))
+    for obj in codecs.load_all_yaml(DRIVER_YAML.read_text()):
+        if obj.kind in INSTALL:
+            admin.apply(obj, field_manager="nvlfabric-tests", force=True)
+
+
+def _namespace_usable(admin: Client) -> bool:
+    try:
+        ns = admin.get(Namespace, NAMESPACE)
+    except ApiError as exc:
+        return exc.status.code == 404
+    return ns.metadata is None or ns.metadata.deletionTimestamp is None
+
+
+def remove_policies(admin: Client) -> None:
+    for name in POLICIES:
+        with contextlib.suppress(ApiError):
+            admin.delete(ValidatingAdmissionPolicyBinding, name)
+        with contextlib.suppress(ApiError):
+            admin.delete(ValidatingAdmissionPolicy, name)
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Cluster) -> Iterator[Env]:
+    admin = cluster.client
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    sim = kubeconfig["clusters"][0]["cluster"]
+    server, ca_data = sim["server"], sim["certificate-authority-data"]
+    suffix = uuid.uuid4().hex[:5]
+    node_a, node_b = f"node-a-{suffix}", f"node-b-{suffix}"
+    pod_name = f"agent-{suffix}"
+    clients: list[Client] = []
+    try:
+        install_driver_objects(admin)
+        make_ready_nodes(admin, {node_a: {}, node_b: {}})
+        # The agent's DaemonSet pod on node-a, as the kubelet would run it (nothing runs it here).
+        pod = admin.create(Pod(metadata=ObjectMeta(name=pod_name, namespace=NAMESPACE), spec=PodSpec(
+            nodeName=node_a, serviceAccountName=AGENT,
+            containers=[Container(name="agent", image="registry.invalid/nvlfabric/node-agent:test")])))
+        agent = token_client(admin, server, ca_data, AGENT, bound_pod=pod, manager=f"nvlfabric-agent-{node_a}")
+        clients.append(agent)
+
+        def policy_denies() -> str | None:
+            # Until the policy (and the RBAC binding) is in effect this succeeds or RBAC refuses it.
+            try:
+                label(agent, node_b, {"nvlfabric.io/probe": "x"})
+            except ApiError as exc:
+                if "ValidatingAdmissionPolicy" in (exc.status.message or ""):
+                    return str(exc.status.message)
+            return None
+
+        eventually("the agent policy to deny labelling another node", policy_denies, timeout=POLICY_EFFECTIVE_S)
+        yield Env(admin=admin, agent=agent, node_a=node_a, node_b=node_b, server=server, ca_data=ca_data,
+                  suffix=suffix)
+    finally:
+        for c in clients:
+            c.close()
+        with contextlib.suppress(ApiError):
+            admin.delete(Pod, pod_name, namespace=NAMESPACE, grace_period=0)
+        delete_nodes(admin, [node_a, node_b])
+        remove_policies(admin)
+
+
+# -- Nodes ---------------------------------------------------------------------------------------
+
+
+def test_agent_labels_its_own_node(env: Env) -> None:
+    label(env.agent, env.node_a, {"nvlfabric.io/clique": CLIQUE, "nvlfabric.io/fabric-ready": "true"})
+    labels = env.admin.get(Node, env.node_a).metadata.labels
+    assert labels["nvlfabric.io/clique"] == CLIQUE and labels["nvlfabric.io/fabric-ready"] == "true"
+    label(env.agent, env.node_a, {"nvlfabric.io/clique": None})  # the fabric went away: label removed
+    assert "nvlfabric.io/clique" not in env.admin.get(Node, env.node_a).metadata.labels
+
+
+def test_agent_may_not_label_another_node(env: Env) -> None:
+    msg = denied(lambda: label(env.agent, env.node_b, {"nvlfabric.io/clique": CLIQUE}))
+    assert f"nvlfabric-agent on node {env.node_a} may only modify its own Node {env.node_a}" in msg
+    assert f"not Node {env.node_b}" in msg
+    assert "nvlfabric.io/clique" not in (env.admin.get(Node, env.node_b).metadata.labels or {})
+
+
+@pytest.mark.parametrize(("what", "patch", "named"), [
+    ("taint", {"spec": {"taints": [{"key": "example.com/evil", "effect": "NoSchedule"}]}}, "spec"),
+    ("cordon", {"spec": {"unschedulable": True}}, "spec"),
+    ("foreign label", {"metadata": {"labels": {"example.com/gpu": "yes"}}}, "labels example.com/gpu"),
+    ("foreign label removed", {"metadata": {"labels": {"kubernetes.io/hostname": None}}},
+     "labels kubernetes.io/hostname"),
+    ("lookalike label", {"metadata": {"labels": {"nvlfabric.io.example.com/x": "1"}}}, "labels nvlfabric.io.example"),
+    ("annotation", {"metadata": {"annotations": {"nvlfabric.io/clique": CLIQUE}}}, "annotations"),
+    ("own label with a foreign one", {"metadata": {"labels": {"nvlfabric.io/clique": CLIQUE, "zone": "a"}}},
+     "labels zone"),
+])
+def test_agent_may_only_change_nvlfabric_labels_of_its_node(env: Env, what: str, patch: dict[str, Any],
+                                                             named: str) -> None:
+    before = env.admin.get(Node, env.node_a)
+    msg = denied(lambda: env.agent.patch(Node, env.node_a, patch))
+    assert f"labels under nvlfabric.io/ and the {FABRIC} condition of its Node {env.node_a}" in msg, what
+    assert f"this request also changes {named}" in msg, (what, msg)
+    after = env.admin.get(Node, env.node_a)
+    assert after.metadata.labels == before.metadata.labels and after.metadata.annotations == before.metadata.annotations
+
+
+def condition(type_: str, status: str) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"type": type_, "status": status, "reason": "Test", "message": "set by the test", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}
+
+
+def conditions_of(env: Env, node: str) -> dict[str, str]:
+    return {c.type: c.status for c in env.admin.get(Node, node).status.conditions or []}
+
+
+def test_agent_reports_the_fabric_condition_of_its_own_node_only(env: Env) -> None:
+    # As nodeagent/__main__.py does: a strategic merge patch of the one condition (merge key type).
+    env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "False")]}})
+    assert conditions_of(env, env.node_a)[FABRIC] == "False"
+    env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "True")]}})
+    assert conditions_of(env, env.node_a) == {"Ready": "True", FABRIC: "True"}
+
+    msg = denied(lambda: env.agent.patch(Node.Status, env.node_b, {"status": {"conditions": [
+        condition(FABRIC, "True")]}}))
+    assert f"may only modify its own Node {env.node_a}" in msg and f"not Node {env.node_b}" in msg
+    msg = denied(lambda: env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [
+        condition(FABRIC, "True"), condition("Ready", "False")]}}))
+    assert f"the {FABRIC} condition of its Node {env.node_a}; this request also changes status.conditions Ready" \
+        in msg
+    msg = denied(lambda: env.agent.patch(Node.Status, env.node_a, {"status": {"capacity": {"cpu": "1000"}}}))
+    assert "this request also changes status.capacity" in msg
+    msg = denied(lambda: env.agent.patch(Node.Status, env.node_a, {"metadata": {"labels": {"zone": "a"}}}))
+    assert "this request also changes labels zone" in msg
+    node = env.admin.get(Node, env.node_a)
+    assert node.status.capacity["cpu"] == "8" and conditions_of(env, env.node_a) == {"Ready": "True", FABRIC: "True"}
+    assert "zone" not in node.metadata.labels
+
+
+def test_agent_may_not_create_or_delete_nodes(env: Env) -> None:
+    # RBAC gives the agent neither; the policy refuses them even when someone does.
+    with granted(env, "nodes", PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["create", "delete"])):
+        msg = eventually_denied(lambda: env.agent.delete(Node, env.node_a))
+        assert f"the {FABRIC} condition of its Node {env.node_a}, not DELETE the Node" in msg
+        msg = eventually_denied(lambda: env.agent.create(Node(metadata=ObjectMeta(name=f"node-x-{env.suffix}"))))
+        assert f"may only modify its own Node {env.node_a}" in msg and f"not Node node-x-{env.suffix}" in msg
+    assert env.admin.get(Node, env.node_a).metadata.name == env.node_a
+
+
+# -- ComputeDomain status ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def domain(env: Env) -> Iterator[str]:
+    """A ComputeDomain as the controller and node-b's agent left it: a phase and node-b's entry."""
+    name = f"cd-{uuid.uuid4().hex[:6]}"
+    env.admin.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
+    env.admin.patch(ComputeDomainResource.Status, name, {
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": "default"},
+        "status": {"phase": "Allocating", "clique": CLIQUE, "channel": 7, "totalNodes": 1, "readyNodes": 1}},
+        namespace="default", patch_type=PatchType.APPLY, field_manager="nvlfabric-controller", force=True)
+    apply_entry(env.admin, name, api.NodeStatus(name=env.node_b, address="10.0.0.2", clique=CLIQUE, ready=True),
+                manager=f"nvlfabric-agent-{env.node_b}")
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiError):
+            env.admin.delete(ComputeDomainResource, name, namespace="default")
+
+
+def apply_entry(client: Client, cd: str, entry: api.NodeStatus, *, manager: str) -> Any:
+    return apply_status(client, cd, api.node_status_apply(cd, "default", entry)["status"], manager=manager)
+
+
+def apply_status(client: Client, cd: str, status: dict[str, Any], *, manager: str) -> Any:
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": cd, "namespace": "default"},
+            "status": status}
+    return client.patch(ComputeDomainResource.Status, cd, body, namespace="default", patch_type=PatchType.APPLY,
+                        field_manager=manager, force=True)
+
+
+def status_of(env: Env, cd: str) -> dict[str, Any]:
+    return dict(env.admin.get(ComputeDomainResource, cd, namespace="default").status or {})
+
+
+def test_agent_writes_and_withdraws_its_own_status_entry(env: Env, domain: str) -> None:
+    manager = f"nvlfabric-agent-{env.node_a}"
+    apply_entry(env.agent, domain, api.NodeStatus(name=env.node_a, address="10.0.0.1", clique=CLIQUE, ready=False,
+                                                  message="IMEX daemon starting"), manager=manager)
+    apply_entry(env.agent, domain, api.NodeStatus(name=env.node_a, address="10.0.0.1", clique=CLIQUE, ready=True),
+                manager=manager)
+    status = status_of(env, domain)
+    entries = {e["name"]: e for e in status["nodes"]}
+    assert set(entries) == {env.node_a, env.node_b} and entries[env.node_a]["ready"] is True
+    assert "message" not in entries[env.node_a]  # the agent's own apply dropped its own field
+    assert (status["phase"], status["channel"]) == ("Allocating", 7)
+    # Unprepare of the domain's last claim on the node: the agent applies no entry (nodes: []).
+    apply_status(env.agent, domain, {"nodes": []}, manager=manager)
+    status = status_of(env, domain)
+    assert [e["name"] for e in status["nodes"]] == [env.node_b] and status["phase"] == "Allocating"
+
+
+def test_agent_may_not_write_other_nodes_entries(env: Env, domain: str) -> None:
+    manager = f"nvlfabric-agent-{env.node_a}"
+    before = status_of(env, domain)
+    # node-b's entry, changed (the apply also carries the agent's own entry).
+    msg = denied(lambda: apply_status(env.agent, domain, {"nodes": [
+        {"name": env.node_a, "address": "10.0.0.1", "ready": True},
+        {"name": env.node_b, "address": "10.0.0.2", "clique": CLIQUE, "ready": False}]}, manager=manager))
+    assert f"nvlfabric-agent on node {env.node_a} may only write its own entry status.nodes[name={env.node_a}]" in msg
+    assert f"ComputeDomain default/{domain}" in msg and f"not the entries of node(s) {env.node_b}" in msg
+    # An entry for a node that is not the agent's (a forged member).
+    msg = denied(lambda: apply_entry(env.agent, domain, api.NodeStatus(name="node-c", address="10.0.0.3", ready=True),
+                                     manager=manager))
+    assert "not the entries of node(s) node-c" in msg
+    # Removing node-b's entry (a JSON merge patch replaces the whole list).
+    msg = denied(lambda: env.agent.patch(ComputeDomainResource.Status, domain, {"status": {"nodes": []}},
+                                         namespace="default", patch_type=PatchType.MERGE))
+    assert f"not the entries of node(s) {env.node_b}" in msg
+    assert status_of(env, domain) == before
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("phase", "Ready"), ("channel", 8), ("readyNodes", 2), ("observedGeneration", 3),
+    ("conditions", [{"type": "Ready", "status": "True", "reason": "AllMembersReady", "message": "forged",
+                     "lastTransitionTime": "2030-01-01T00:00:00Z"}]),
+])
+def test_agent_may_not_write_the_controllers_status_fields(env: Env, domain: str, field: str, value: Any) -> None:
+    before = status_of(env, domain)
+    msg = denied(lambda: apply_status(env.agent, domain, {
+        "nodes": [{"name": env.node_a, "address": "10.0.0.1", "ready": True}], field: value},
+        manager=f"nvlfabric-agent-{env.node_a}"))
+    assert f"may only write its own entry status.nodes[name={env.node_a}] of ComputeDomain default/{domain}" in msg
+    assert f"not status.{field} (written by nvlfabric-controller)" in msg
+    assert status_of(env, domain) == before
+
+
+# -- ResourceSlices ------------------------------------------------------------------------------
+
+
+def channel_slice(name: str, *, driver: str = DRIVER, node_name: str | None = None,
+                  all_nodes: bool | None = None) -> ResourceSlice:
+    selector = None if node_name or all_nodes else NodeSelector(nodeSelectorTerms=[NodeSelectorTerm(
+        matchExpressions=[NodeSelectorRequirement(key="nvlfabric.io/clique", operator="In", values=[CLIQUE])])])
+    return ResourceSlice(metadata=ObjectMeta(name=name), spec=ResourceSliceSpec(
+        driver=driver, nodeSelector=selector, nodeName=node_name, allNodes=all_nodes,
+        pool=ResourcePool(name=f"{name}-pool", generation=1, resourceSliceCount=1),
+        devices=[Device(name="channel-1")]))
+
+
+def test_agent_may_not_write_resource_slices(env: Env) -> None:
+    name = f"agent-slice-{env.suffix}"
+    # RBAC already refuses (the agent's role has no ResourceSlice verbs) ...
+    with pytest.raises(ApiError) as info:
+        env.agent.create(channel_slice(name, node_name=env.node_a))
+    assert info.value.status.code == 403
+    # ... and the policy refuses even when someone grants them, for its own node too.
+    try:
+        with granted(env, "slices", PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceslices"],
+                                               verbs=["create"])):
+            msg = eventually_denied(lambda: env.agent.create(channel_slice(name, node_name=env.node_a)))
+        assert f"nvlfabric-agent on node {env.node_a} may not CREATE ResourceSlice {name}" in msg
+        assert "published only by nvlfabric-controller" in msg
+    finally:
+        with contextlib.suppress(ApiError):
+            env.admin.delete(ResourceSlice, name)
+
+
+def test_controller_writes_only_clique_pool_slices_of_our_driver(env: Env) -> None:
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+    name = f"clique-test-{env.suffix}"
+    try:
+        created = eventually("RBAC to let the controller create ResourceSlices",
+                             lambda: _try(lambda: controller.create(channel_slice(name))), timeout=POLICY_EFFECTIVE_S)
+        created.spec.pool.generation = 2  # a pool change bumps the generation on every slice
+        controller.replace(created)
+        msg = denied(lambda: controller.create(channel_slice(f"{name}-n", node_name=env.node_a)))
+        assert "may only write ResourceSlices that select their nodes with spec.nodeSelector" in msg
+        assert f"uses spec.nodeName {env.node_a}" in msg
+        msg = denied(lambda: controller.create(channel_slice(f"{name}-all", all_nodes=True)))
+        assert "uses spec.allNodes" in msg
+        msg = denied(lambda: controller.create(channel_slice(f"{name}-gpu", driver="gpu.example.com")))
+        assert f"may only write ResourceSlices of driver {DRIVER}" in msg and "of driver gpu.example.com" in msg
+        controller.delete(ResourceSlice, name)
+    finally:
+        controller.close()
+        for n in (name, f"{name}-n", f"{name}-all", f"{name}-gpu"):
+            with contextlib.suppress(ApiError):
+                env.admin.delete(ResourceSlice, n)
+
+
+def test_controller_may_not_touch_other_drivers_slices(env: Env) -> None:
+    name = f"other-driver-{env.suffix}"
+    env.admin.create(channel_slice(name, driver="gpu.example.com"))
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+    try:
+        msg = denied(lambda: controller.delete(ResourceSlice, name))
+        assert "not DELETE ResourceSlice" in msg and "of driver gpu.example.com" in msg
+    finally:
+        controller.close()
+        with contextlib.suppress(ApiError):
+            env.admin.delete(ResourceSlice, name)
+
+
+def _try(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except ApiError as exc:
+        if exc.status.code == 403 and "ValidatingAdmissionPolicy" not in (exc.status.message or ""):
+            return None  # RBAC not updated yet
+        raise
+
+
+# -- Tokens without a node -----------------------------------------------------------------------
+
+
+def test_agent_token_not_bound_to_a_pod_is_denied(env: Env) -> None:
+    unbound = env.token_client(AGENT, manager=f"nvlfabric-agent-{env.node_a}")
+    try:
+        msg = denied(lambda: label(unbound, env.node_a, {"nvlfabric.io/clique": CLIQUE}))
+        assert "this token carries no node" in msg and "TokenRequest without boundObjectRef" in msg
+        assert f"may only write its own Node (nvlfabric.io/ labels, the {FABRIC} condition)" in msg
+        # Reading stays possible: only writes are node-scoped.
+        assert unbound.get(Node, env.node_a).metadata.name == env.node_a
+    finally:
+        unbound.close()
+
+
+def test_admin_is_not_restricted(env: Env) -> None:
+    label(env.admin, env.node_b, {"example.com/by-admin": "yes"})
+    label(env.admin, env.node_b, {"example.com/by-admin": None})
+
+
+def test_policies_type_check_cleanly(env: Env) -> None:
+    deadline = time.monotonic() + POLICY_EFFECTIVE_S
+    for name in POLICIES:
+        policy = env.admin.get(ValidatingAdmissionPolicy, name)
+        while (policy.status is None or policy.status.typeChecking is None) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            policy = env.admin.get(ValidatingAdmissionPolicy, name)
+        assert policy.status is not None and policy.status.typeChecking is not None, name
+        assert not policy.status.typeChecking.expressionWarnings, (name, policy.status.typeChecking)
+
+
+def test_manifest_binds_each_policy() -> None:
+    docs = [d for d in yaml.safe_load_all(DRIVER_YAML.read_text()) if d]
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {d["spec"]["policyName"]: d["spec"]["validationActions"] for d in docs
+                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == set(POLICIES) and bindings == {p: ["Deny"] for p in POLICIES}
+
