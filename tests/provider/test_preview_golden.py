@@ -1,0 +1,65 @@
+"""Golden tests for what a reviewer sees in CI: `pulumi preview --diff` of a ComputeDomain change.
+
+The output of the real CLI is normalised (the random suffix, the local paths) and compared with
+tests/golden/*.txt. After an intended change of the output, regenerate with
+`NVLFABRIC_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/provider/test_preview_golden.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from lightkube import ApiError
+
+from nodeagent.controller import ComputeDomainResource
+from tests.conftest import Cluster
+from tests.kube import install_crd
+from tests.pulumi_cli import project_from_fixture
+
+pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "cd_stack"
+
+
+def normalise(text: str, suffix: str) -> str:
+    text = text.replace(suffix, "SUFFIX")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return "\n".join(line.rstrip() for line in text.strip().splitlines()) + "\n"
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("NVLFABRIC_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing; run with NVLFABRIC_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), (f"`pulumi preview --diff` output changed; if intended, regenerate with "
+                                      f"NVLFABRIC_UPDATE_GOLDEN=1. Got:\n{text}")
+
+
+def test_preview_diff_shows_an_update_and_a_replace_with_their_reasons(cluster: Cluster, tmp_path: Path) -> None:
+    install_crd(cluster.client)
+    suffix = uuid.uuid4().hex[:6]
+    proj = project_from_fixture(FIXTURE, tmp_path / "proj", kubeconfig=cluster.kubeconfig, venv=Path(sys.prefix))
+    proj.run("stack", "init", "golden")
+    proj.run("config", "set", "suffix", suffix)
+    proj.run("up", "--yes", "--skip-preview")
+    try:
+        proj.run("config", "set", "numNodes", "3")
+        check("preview_update_numnodes.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
+        proj.run("config", "set", "imexMode", "Dedicated")
+        check("preview_replace_imexmode.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
+        (step,) = [s for s in proj.json("preview", "--json")["steps"] if s["urn"].endswith("::cd")]
+        reasons = {"op": step["op"], "replaceReasons": step.get("replaceReasons"),
+                   "diffReasons": step.get("diffReasons")}
+        check("preview_replace_imexmode.json", json.dumps(reasons, indent=2, sort_keys=True) + "\n")
+    finally:
+        proj.run("destroy", "--yes", "--skip-preview", check=False)
+        with contextlib.suppress(ApiError):
+            cluster.client.delete(ComputeDomainResource, f"e2e-{suffix}", namespace="default")
