@@ -32,7 +32,7 @@ from lightkube.resources.core_v1 import Event, Node
 from nodeagent import checkpoint, discovery, health, metrics, pools
 from nodeagent.controller import Controller
 from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
-from nodeagent.server import PluginServer, SocketPaths
+from nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from provider.api.channelconfig import DRIVER
 
 log = logging.getLogger("nvlfabric.nodeagent")
@@ -137,7 +137,19 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
     driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths)
     sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
-    server = PluginServer(paths=sockets, driver=driver)
+    current = {"found": found}
+
+    def device_health() -> list[DeviceHealth]:
+        """Prepared channels are as healthy as this node's fabric: a channel is useless without it."""
+        node = current["found"]
+        unhealthy = [g for g in node.gpus if g.fabric.health_summary not in (None, "Healthy")]
+        message = node.reason if not node.fabric_ready else "; ".join(
+            f"GPU {g.index} NVLink health {g.fabric.health_summary}" for g in unhealthy)
+        return [DeviceHealth(f"clique-{node.clique}", f"channel-{ch}", node.fabric_ready and not unhealthy, message)
+                for e in driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)
+                for ch in e.allocation.channels]
+
+    server = PluginServer(paths=sockets, driver=driver, health=device_health)
     server.start()
     health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
@@ -148,8 +160,8 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
             except discovery.NvmlUnavailable as exc:
                 fresh = discovery.NodeDiscovery(reason=str(exc))
             if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
-                found = fresh
-                label_node(client, args.node_name, found)
+                label_node(client, args.node_name, fresh)
+            found = current["found"] = fresh
             driver.housekeeping(clique=found.clique)
             metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
     except ApiError as exc:

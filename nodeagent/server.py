@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import grpc
 
 from kubeletapi import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -39,7 +41,22 @@ from nodeagent import metrics
 log = logging.getLogger("nvlfabric.nodeagent.server")
 
 # v1 first: kubelets 1.34+ take the first entry they know, in our order; 1.32-1.33 know v1beta1.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The health service is advertised only when the agent has a health source.
+DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_VERSION = "v1alpha1.DRAResourceHealth"
+SUPPORTED_VERSIONS = DRA_VERSIONS
+HEALTH_INTERVAL_S = 10.0  # a full list at least this often; the kubelet's default timeout is 30 s
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    pool_name: str
+    device_name: str
+    healthy: bool
+    message: str = ""
+
+
+HealthSource = Callable[[], list[DeviceHealth]]
 
 
 @dataclass(frozen=True)
@@ -146,10 +163,33 @@ def _dra_servicer(base: type, pb: Any, driver: Driver) -> Any:
     return Servicer()
 
 
+class _Health(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    """Streams the complete device list with its health, on change and every HEALTH_INTERVAL_S."""
+
+    def __init__(self, source: HealthSource, stopping: threading.Event) -> None:
+        self.source = source
+        self.stopping = stopping
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        pb = dra_health_v1alpha1_pb2
+        last: list[DeviceHealth] | None = None
+        sent_at = 0.0
+        while context.is_active() and not self.stopping.is_set():
+            current = self.source()
+            if current != last or time.monotonic() - sent_at >= HEALTH_INTERVAL_S:
+                yield pb.NodeWatchResourcesResponse(devices=[pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
+                    health=pb.HEALTHY if d.healthy else pb.UNHEALTHY, last_updated_time=int(time.time()),
+                    health_check_timeout_seconds=int(3 * HEALTH_INTERVAL_S), message=d.message[:1024])
+                    for d in current])
+                last, sent_at = current, time.monotonic()
+            self.stopping.wait(1.0)
+
+
 class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, driver_name: str, endpoint: Path) -> None:
+    def __init__(self, driver_name: str, endpoint: Path, versions: Sequence[str]) -> None:
         self._info = pluginregistration_pb2.PluginInfo(
-            type="DRAPlugin", name=driver_name, endpoint=str(endpoint), supported_versions=list(SUPPORTED_VERSIONS))
+            type="DRAPlugin", name=driver_name, endpoint=str(endpoint), supported_versions=list(versions))
         self.registered = threading.Event()
         self.error = ""
 
@@ -170,11 +210,15 @@ class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
 class PluginServer:
     """Both gRPC servers of one agent; `start()` then `stop()`."""
 
-    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 8) -> None:
+    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 8,
+                 health: HealthSource | None = None) -> None:
         paths.check()
         self.paths = paths
         self.driver = driver
-        self.registration = _Registration(paths.driver, paths.endpoint)
+        self.health = health
+        self._stopping = threading.Event()
+        versions = (*DRA_VERSIONS, HEALTH_VERSION) if health is not None else DRA_VERSIONS
+        self.registration = _Registration(paths.driver, paths.endpoint, versions)
         self._workers = workers
         self._servers: list[grpc.Server] = []
 
@@ -199,6 +243,9 @@ class PluginServer:
                 _dra_servicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1_pb2, self.driver), server)
             dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
                 _dra_servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2, self.driver), server)
+            if self.health is not None:
+                dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                    _Health(self.health, self._stopping), server)
 
         self._servers.append(self._serve(self.paths.endpoint, dra))
         self._servers.append(self._serve(
@@ -207,6 +254,7 @@ class PluginServer:
         log.info("serving DRA on %s, registration on %s", self.paths.endpoint, self.paths.registration)
 
     def stop(self, grace: float = 5.0) -> None:
+        self._stopping.set()  # ends open health streams
         # Registration socket first: the kubelet stops routing calls before the endpoint goes.
         for server in reversed(self._servers):
             server.stop(grace).wait()

@@ -86,3 +86,32 @@ def test_sockets_are_owner_only_and_removed_on_stop(server: tuple[PluginServer, 
 def test_a_socket_path_too_long_for_unix_sockets_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"unix sockets allow 107.*--kubelet-root"):
         SocketPaths(kubelet_root=Path("/" + "x" * 100), driver="channel.nvlfabric.io").check()
+
+
+def test_device_health_is_advertised_and_streamed_when_the_agent_has_a_source() -> None:
+    import grpc
+
+    from kubeletapi import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
+    from nodeagent.server import HEALTH_VERSION, DeviceHealth
+
+    root = Path(tempfile.mkdtemp(prefix="nvlh-", dir="/tmp"))
+    devices = [DeviceHealth("clique-x.1", "channel-3", True), DeviceHealth("clique-x.1", "channel-4", False,
+                                                                          "GPU 2 fabric degraded")]
+    srv = PluginServer(paths=SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io"), driver=RecordingDriver(),
+                       health=lambda: devices)
+    srv.start()
+    try:
+        out = check(srv)
+        assert out["info"]["supportedVersions"] == ["v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_VERSION]
+        assert out["service"] == "v1.DRAPlugin"  # the kubelet still picks the DRA service
+        with grpc.insecure_channel(f"unix:{srv.paths.endpoint}") as ch:
+            stream = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=10)
+            first = next(stream)
+            stream.cancel()
+        got = [(d.device.device_name, d.health, d.message) for d in first.devices]
+        assert got == [("channel-3", dra_health_v1alpha1_pb2.HEALTHY, ""),
+                       ("channel-4", dra_health_v1alpha1_pb2.UNHEALTHY, "GPU 2 fabric degraded")]
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
