@@ -22,7 +22,7 @@ from typing import Any
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nodeagent import pools
@@ -30,6 +30,7 @@ from provider.api import computedomain as api
 
 log = logging.getLogger("nvlfabric.controller")
 FIELD_MANAGER = "nvlfabric-controller"
+DEVICE_CLASS = "imex-channel.nvlfabric.io"
 ComputeDomainResource = create_namespaced_resource(api.GROUP, api.VERSION, api.KIND, api.PLURAL)
 
 
@@ -81,11 +82,26 @@ class Controller:
         self.client = client
         self.channels = channels_per_clique
 
+    def _owner(self) -> pools.Owner | None:
+        try:
+            dc = self.client.get(DeviceClass, DEVICE_CLASS)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        assert dc.metadata is not None
+        return pools.Owner("resource.k8s.io/v1", "DeviceClass", DEVICE_CLASS, dc.metadata.uid or "")
+
     def reconcile_pools(self) -> set[str]:
+        owner = self._owner()
+        if owner is None:
+            # Without the DeviceClass nobody can claim channels, and pools published now would
+            # outlive an uninstall; publish once the driver install has created it.
+            log.warning("DeviceClass %s does not exist; not publishing channel pools", DEVICE_CLASS)
         labelled = self.client.list(Node, labels={pools.CLIQUE_LABEL: None})
         cliques = {n.metadata.labels[pools.CLIQUE_LABEL] for n in labelled if n.metadata and n.metadata.labels}
-        for clique in sorted(cliques):
-            done = pools.apply(self.client, clique, self.channels)
+        for clique in sorted(cliques) if owner is not None else []:
+            done = pools.apply(self.client, clique, self.channels, owner)
             if not done.empty():
                 log.info("clique %s: pool updated (%d created, %d updated, %d deleted)", clique, len(done.create),
                          len(done.update), len(done.delete))

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightkube import Client
 from lightkube.models.core_v1 import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.models.resource_v1 import Device, DeviceAttribute, ResourcePool, ResourceSliceSpec
 from lightkube.resources.resource_v1 import ResourceSlice
 
@@ -44,7 +44,18 @@ def channel_device(n: int, clique: str) -> Device:
         "channel": DeviceAttribute(int=n), "clique": DeviceAttribute(string=clique)})
 
 
-def desired_slices(clique: str, channels: int, generation: int) -> list[ResourceSlice]:
+@dataclass(frozen=True)
+class Owner:
+    """The cluster-scoped object the pools belong to (the driver's DeviceClass): when the driver is
+    uninstalled and it goes, the garbage collector withdraws every pool with it."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+def desired_slices(clique: str, channels: int, generation: int, owner: Owner | None = None) -> list[ResourceSlice]:
     if not 1 <= channels <= MAX_CHANNEL:
         raise ValueError(f"channels per clique must be between 1 and {MAX_CHANNEL}, got {channels}")
     numbers = list(range(1, channels + 1))
@@ -53,7 +64,9 @@ def desired_slices(clique: str, channels: int, generation: int) -> list[Resource
         NodeSelectorRequirement(key=CLIQUE_LABEL, operator="In", values=[clique])])])
     return [
         ResourceSlice(
-            metadata=ObjectMeta(name=slice_name(clique, i), labels={POOL_LABEL: pool_name(clique)}),
+            metadata=ObjectMeta(name=slice_name(clique, i), labels={POOL_LABEL: pool_name(clique)},
+                                ownerReferences=[OwnerReference(apiVersion=owner.api_version, kind=owner.kind,
+                                                                name=owner.name, uid=owner.uid)] if owner else None),
             spec=ResourceSliceSpec(
                 driver=DRIVER, nodeSelector=selector,
                 pool=ResourcePool(name=pool_name(clique), generation=generation, resourceSliceCount=len(chunks)),
@@ -82,18 +95,22 @@ class Plan:
         return not (self.create or self.update or self.delete)
 
 
-def plan(clique: str, channels: int, existing: Sequence[ResourceSlice]) -> Plan:
+def _owners(s: ResourceSlice) -> Any:
+    return [(o.kind, o.name, o.uid) for o in (s.metadata.ownerReferences or [])] if s.metadata else []
+
+
+def plan(clique: str, channels: int, existing: Sequence[ResourceSlice], owner: Owner | None = None) -> Plan:
     """Actions that turn `existing` (this pool's slices) into the desired pool, with generations
     that keep the pool consistent for the scheduler at every step."""
     by_name = {s.metadata.name: s for s in existing if s.metadata and s.metadata.name}
     current_gen = max((_generation(s) for s in existing), default=0)
-    same = desired_slices(clique, channels, current_gen)
+    same = desired_slices(clique, channels, current_gen, owner)
     if current_gen > 0 and len(same) == len(by_name) and all(
             d.metadata and d.metadata.name in by_name and _content(d) == _content(by_name[d.metadata.name])
-            and _generation(by_name[d.metadata.name]) == current_gen
+            and _generation(by_name[d.metadata.name]) == current_gen and _owners(d) == _owners(by_name[d.metadata.name])
             for d in same):
         return Plan()
-    desired = desired_slices(clique, channels, current_gen + 1)
+    desired = desired_slices(clique, channels, current_gen + 1, owner)
     out = Plan()
     for d in desired:
         assert d.metadata is not None and d.metadata.name is not None
@@ -113,9 +130,9 @@ def existing_slices(client: Client, clique: str) -> list[ResourceSlice]:
     return list(client.list(ResourceSlice, labels={POOL_LABEL: pool_name(clique)}))
 
 
-def apply(client: Client, clique: str, channels: int) -> Plan:
+def apply(client: Client, clique: str, channels: int, owner: Owner | None = None) -> Plan:
     """Reconcile one clique's pool; returns what was done."""
-    p = plan(clique, channels, existing_slices(client, clique))
+    p = plan(clique, channels, existing_slices(client, clique), owner)
     for s in p.create:
         client.create(s)
     for s in p.update:

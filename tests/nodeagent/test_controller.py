@@ -142,3 +142,18 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
     eventually("the clique's pool to be withdrawn once its nodes are gone",
                lambda: (clique not in ctl.reconcile_pools() and not pools.existing_slices(client, clique)) or None)
     assert not list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)}))
+
+
+@pytest.mark.cluster
+def test_uninstalling_the_driver_withdraws_the_pools(cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    client, (clique, _) = cluster.client, clique_nodes
+    ctl = Controller(client, channels_per_clique=4)
+    ctl.reconcile_pools()
+    (published,) = pools.existing_slices(client, clique)
+    owner = published.metadata.ownerReferences[0]
+    assert (owner.kind, owner.name) == ("DeviceClass", "imex-channel.nvlfabric.io")
+    client.delete(DeviceClass, "imex-channel.nvlfabric.io")  # what removing the driver install does
+    eventually("the garbage collector to remove the pools with their DeviceClass",
+               lambda: not pools.existing_slices(client, clique), timeout=60)
+    ctl.reconcile_pools()  # without the DeviceClass nothing is published again
+    assert not pools.existing_slices(client, clique)
