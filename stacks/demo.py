@@ -1,8 +1,11 @@
 """`make demo` / `make demo-down`: the dev stack on the local simulator, end to end.
 
-    up:   simulator up → `pulumi up` of the dev stack (root Pulumi.yaml, program in stacks/dev)
-          → what the cluster now holds, with timings
-    down: `pulumi destroy` of the dev stack → simulator down
+    up:   simulator with 2 GB200 NVL72 racks → `pulumi up` of the dev stack (root Pulumi.yaml,
+          program in stacks/dev: driver, racks, 3 ComputeDomains, 3 Jobs bound to them) → wait
+          until every ComputeDomain is Ready and every pod runs → a rack map: per node, which
+          domain(s) and IMEX channel(s) its pods got (from the simulated runtime's recorded
+          container edits), with timings
+    down: `pulumi destroy` of the dev stack (its config is kept) → simulator down
 """
 
 from __future__ import annotations
@@ -14,17 +17,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass
 
+from nodeagent.controller import ComputeDomainResource
 from sim.controlplane import ControlPlane, ControlPlaneError
 from sim.environment import simulator_env
 from sim.paths import REPO, ToolsMissing, default_state_dir, load_tools
 
 STACK = "dev"
+RACKS = 2  # stacks/dev/Pulumi.dev.yaml says the same (nvlfabric-dev:racks)
+WAIT_S = 300.0
 _start = time.monotonic()
 
 
@@ -48,6 +55,7 @@ def environment(cp: ControlPlane) -> dict[str, str]:
 
 
 def up(cp: ControlPlane) -> None:
+    cp.racks = RACKS  # an already running simulator keeps its own racks
     t0 = time.monotonic()
     cp.up()
     sim_s = time.monotonic() - t0
@@ -59,6 +67,9 @@ def up(cp: ControlPlane) -> None:
     up_s = time.monotonic() - t1
     outputs = json.loads(pulumi(env, "stack", "output", "--json", "--stack", STACK).stdout)
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)))
+    t2 = time.monotonic()
+    domains, pods = wait_running(client, outputs)
+    ready_s = time.monotonic() - t2
     print()
     print(f"cluster       {cp.server}  (kubeconfig {cp.kubeconfig})")
     print(f"stack outputs {json.dumps(outputs)}")
@@ -66,11 +77,70 @@ def up(cp: ControlPlane) -> None:
         assert dc.metadata is not None and dc.spec is not None
         selectors = [s.cel.expression for s in dc.spec.selectors or [] if s.cel]
         print(f"DeviceClass   {dc.metadata.name}: {' && '.join(selectors)}")
-    for ns in client.list(Namespace, labels={"app.kubernetes.io/part-of": "nvlfabric"}):
-        assert ns.metadata is not None and ns.status is not None
-        print(f"Namespace     {ns.metadata.name} ({ns.status.phase})")
-    print(f"timings       simulator up {sim_s:.1f}s, pulumi up {up_s:.1f}s, total {time.monotonic() - _start:.1f}s")
-    print('\nexplore:      eval "$(.venv/bin/nvlfabric-sim env)"; pulumi stack; make demo-down')
+    print()
+    print(f"{'ComputeDomain':14} {'phase':6} {'clique':48} {'channel':>7} {'nodes':>5}")
+    for name, st in sorted(domains.items()):
+        print(f"{name:14} {st.get('phase', ''):6} {st.get('clique') or '-':48} {st.get('channel') or '-':>7} "
+              f"{st.get('readyNodes', 0)}/{st.get('totalNodes', 0)}")
+    print()
+    print_rack_map(cp, pods)
+    print(f"\ntimings       simulator up {sim_s:.1f}s, pulumi up {up_s:.1f}s, "
+          f"domains Ready + pods Running {ready_s:.1f}s after, total {time.monotonic() - _start:.1f}s")
+    sim_dir = "" if cp.state_dir == default_state_dir().resolve() else f"NVLFABRIC_SIM_DIR={cp.state_dir} "
+    print(f'\nexplore:      eval "$({sim_dir}.venv/bin/nvlfabric-sim env)"; pulumi stack; make demo-down')
+
+
+def wait_running(client: Client, outputs: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[Pod]]:
+    """Every ComputeDomain of the stack Ready (controller status) and every pod of its Jobs Running."""
+    names = sorted(outputs.get("compute_domains") or {})
+    jobs = sorted((outputs.get("jobs") or {}).values())
+    say(f"waiting for ComputeDomains {', '.join(names)} to be Ready and the pods of {', '.join(jobs)} to run")
+    deadline = time.monotonic() + WAIT_S
+    last = ""
+    while True:
+        domains = {n: dict(client.get(ComputeDomainResource, n, namespace="default").status or {}) for n in names}
+        pods = [p for j in jobs for p in client.list(Pod, namespace="default",
+                                                     labels={"batch.kubernetes.io/job-name": j})]
+        running = [p for p in pods if p.status is not None and p.status.phase == "Running"]
+        ready = [n for n, st in domains.items() if st.get("phase") == "Ready"]
+        line = f"{len(ready)}/{len(names)} ComputeDomains Ready, {len(running)}/{len(pods)} pods Running"
+        if line != last:
+            say(line)
+            last = line
+        if len(ready) == len(names) and pods and len(running) == len(pods):
+            return domains, running
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: not there after {WAIT_S:.0f}s: {line}; see `kubectl get pods,computedomains`")
+        time.sleep(1)
+
+
+def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
+    """Per node: the pods placed there and the ComputeDomain and IMEX channel each one got, as the
+    simulated container runtime recorded them (the env and device nodes the CDI edits injected)."""
+    by_node: dict[str, list[str]] = {}
+    for pod in pods:
+        assert pod.metadata is not None and pod.spec is not None
+        node = pod.spec.nodeName or "?"
+        for c in pod.spec.containers:
+            path = cp.state_dir / "nodes" / node / "containers" / f"default_{pod.metadata.name}_{c.name}.json"
+            try:
+                rec = json.loads(path.read_text())
+            except FileNotFoundError:
+                by_node.setdefault(node, []).append(f"{pod.metadata.name} (no edits recorded)")
+                continue
+            env = dict(e.split("=", 1) for e in rec.get("env") or [])
+            devs = ",".join(d["path"].rsplit("/", 1)[1] for d in rec.get("deviceNodes") or [])
+            by_node.setdefault(node, []).append(
+                f"{env.get('NVLFABRIC_COMPUTE_DOMAIN', '?')}:{devs or 'no channel'}")
+    print("rack map (per node: ComputeDomain:IMEX channel device of each pod, from the recorded container edits)")
+    racks: dict[int, list[Any]] = {}
+    for n in cp.nodes():
+        racks.setdefault(n.rack, []).append(n)
+    for rack, nodes in sorted(racks.items()):
+        used = [n for n in nodes if n.name in by_node]
+        print(f"  rack-{rack}: {len(used)}/{len(nodes)} nodes in use")
+        for n in used:
+            print(f"    {n.name}  {'  '.join(sorted(by_node[n.name]))}")
 
 
 def down(cp: ControlPlane) -> None:
@@ -83,12 +153,28 @@ def down(cp: ControlPlane) -> None:
     say("simulator stopped")
 
 
+# The longest unix socket path a simulated node gets (the node agent's registration socket);
+# sun_path holds 107 bytes. `rack-NN-node-NN` is the longest node name of a 2-rack demo.
+_SOCKET_TAIL = "/nodes/rack-00-node-00/kubelet/plugins_registry/channel.nvlfabric.io-reg.sock"
+_SUN_PATH_MAX = 107
+
+
+def demo_state_dir() -> Path:
+    """The simulator's default state dir, unless the node agents' sockets would not fit under it
+    (a long $HOME): then a short per-user one under /tmp, which `nvlfabric-sim` is told about."""
+    default = default_state_dir().resolve()
+    if os.environ.get("NVLFABRIC_SIM_DIR") or len(str(default) + _SOCKET_TAIL) <= _SUN_PATH_MAX:
+        return default
+    return Path(f"/tmp/nvlfabric-demo-{os.getuid()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("--state-dir", type=Path, default=None)
     args = ap.parse_args(argv)
-    cp = ControlPlane(state_dir=(args.state_dir or default_state_dir()).resolve(), progress=say)
+    state_dir = (args.state_dir or demo_state_dir()).resolve()
+    cp = ControlPlane(state_dir=state_dir, progress=say)
     saved = cp.load_state()
     if saved is not None:
         cp.ports = saved.ports

@@ -1,30 +1,47 @@
-"""The dev stack: what nvlfabric declares on the local simulator.
+"""The dev stack: nvlfabric on the local GB200 NVL72 simulator (`make demo` brings up 2 racks).
 
-For now: the driver's namespace (pulumi-kubernetes) and the IMEX channel DeviceClass (our dynamic
-provider), which together prove the offline engine, both plugins and the control plane.
+The driver install, the simulator's racks, three ComputeDomains and three training Jobs of
+different sizes bound to them. Each Job's pods share their domain's one IMEX channel; the scheduler
+keeps each domain inside one NVLink clique (one rack) without any affinity written here.
 """
 
 import pulumi
-import pulumi_kubernetes as k8s
 
-from provider.deviceclass import DeviceClass, DeviceClassArgs
+from components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
 
 config = pulumi.Config()
-namespace = k8s.core.v1.Namespace(
-    "nvlfabric-system",
-    metadata=k8s.meta.v1.ObjectMetaArgs(
-        name=config.get("namespace") or "nvlfabric-system",
-        labels={"app.kubernetes.io/part-of": "nvlfabric"},
-    ),
-)
-channels = DeviceClass(
-    "imex-channel",
-    DeviceClassArgs(
-        name="imex-channel.nvlfabric.io",
-        selectors=['device.driver == "channel.nvlfabric.io"'],
-        labels={"app.kubernetes.io/part-of": "nvlfabric"},
-    ),
-)
+racks = config.get_int("racks") or 2
+nodes_per_rack = config.get_int("nodesPerRack") or 18
+namespace = config.get("workloadNamespace") or "default"
 
-pulumi.export("namespace", namespace.metadata.name)
-pulumi.export("channel_device_class", channels.id)
+driver = NvlfabricDriver("nvlfabric", channels_per_clique=config.get_int("channelsPerClique") or 128)
+rack_components = {
+    f"rack-{r}": Nvl72Rack(f"rack-{r}", nodes=[f"rack-{r}-node-{i:02d}" for i in range(nodes_per_rack)])
+    for r in range(racks)
+}
+
+# (domain, pods): a 4-node pretraining run, a 2-node fine-tune, a single-node evaluation.
+WORKLOADS = [("pretrain", 4), ("finetune", 2), ("eval", 1)]
+domains = {}
+jobs = {}
+for name, pods in WORKLOADS:
+    cd = ComputeDomain(name, namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]))
+    jobs[name] = BoundJob(
+        name, compute_domain=cd, parallelism=pods,
+        # The simulated nodes advertise no nvidia.com/gpu (no device plugin), so no GPU limit here;
+        # on a real GB200 cluster leave gpu_resource at its default and gpus_per_pod=4.
+        gpu_resource=None,
+        pod_template={"spec": {
+            # One pod per node, as one pod per compute tray holds all 4 GPUs on a real cluster.
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                           "whenUnsatisfiable": "ScheduleAnyway",
+                                           "labelSelector": {"matchLabels": {"batch.kubernetes.io/job-name": name}}}],
+            "containers": [{"name": "trainer", "image": "registry.invalid/nvlfabric/train:dev",
+                            "args": ["--domain", name]}],
+        }})
+    domains[name] = cd
+
+pulumi.export("device_class", driver.device_class)
+pulumi.export("rack_gpus", {n: r.gpus for n, r in rack_components.items()})
+pulumi.export("compute_domains", {n: cd.claim_name for n, cd in domains.items()})
+pulumi.export("jobs", {n: j.job_name for n, j in jobs.items()})

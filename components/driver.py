@@ -1,0 +1,129 @@
+"""`NvlfabricDriver`: nvlfabric's DRA driver installed as Pulumi resources.
+
+Installs the ComputeDomain CRD (`deploy/crds/`) and every object of `deploy/driver/driver.yaml`
+(namespace, DeviceClass, RBAC, admission policies, the node-agent DaemonSet and the controller
+Deployment) through `pulumi_kubernetes.yaml.v2.ConfigGroup`, so the manifests stay the one source
+and this component only applies its settings to them. Every object is labelled
+`app.kubernetes.io/part-of: nvlfabric` and `app.kubernetes.io/component`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Final
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from components._args import COMPONENT_LABEL, PART_OF, validate
+
+DEPLOY: Final = Path(__file__).resolve().parent.parent / "deploy"
+CRD_FILE: Final = DEPLOY / "crds" / "nvlfabric.io_computedomains.yaml"
+DRIVER_FILE: Final = DEPLOY / "driver" / "driver.yaml"
+NAMESPACE: Final = "nvlfabric-system"
+DEVICE_CLASS: Final = "imex-channel.nvlfabric.io"
+_ABS_PATH = r"^/[^\s]*$"
+_IMAGE = r"^[a-z0-9][^\s:@]*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+
+
+class NvlfabricDriverArgs(BaseModel):
+    """The settings of the driver install."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field("nvlfabric/node-agent:0.1.0", pattern=_IMAGE,
+                       description="the node agent/controller image, e.g. nvlfabric/node-agent:0.1.0")
+    driver_root: str = Field("/run/nvidia/driver", pattern=_ABS_PATH,
+                             description="an absolute host path where the NVIDIA driver is installed "
+                                         "(/run/nvidia/driver with the GPU operator, / for a host install)")
+    kubelet_root: str = Field("/var/lib/kubelet", pattern=_ABS_PATH,
+                              description="the kubelet's absolute root directory on the host (--root-dir)")
+    channels_per_clique: int = Field(128, ge=1, le=2048,
+                                     description="IMEX channels per NVLink clique, 1..2048 (the hardware ceiling)")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
+
+
+def _label(obj: dict[str, Any], extra: dict[str, str]) -> None:
+    meta = obj.setdefault("metadata", {})
+    lab = meta.setdefault("labels", {}) or {}
+    meta["labels"] = {**extra, **lab, **PART_OF}
+    meta["labels"].setdefault(COMPONENT_LABEL, "driver")
+
+
+def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    for item in env:
+        if item.get("name") == name:
+            item.clear()
+            item.update({"name": name, "value": value})
+            return
+    env.append({"name": name, "value": value})
+
+
+def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> list[dict[str, Any]]:
+    """The objects of driver.yaml with `args` applied (pure: tested without a cluster)."""
+    docs = [d for d in yaml.safe_load_all(manifest if manifest is not None else DRIVER_FILE.read_text()) if d]
+    out = []
+    for doc in docs:
+        obj = copy.deepcopy(doc)
+        _label(obj, args.labels)
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            pod = obj["spec"]["template"]["spec"]
+            for c in pod["containers"]:
+                c["image"] = args.image
+                if obj["kind"] == "Deployment":
+                    _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
+                for m in c.get("volumeMounts") or []:
+                    if m.get("name") == "kubelet":
+                        m["mountPath"] = args.kubelet_root
+                if any(e.get("name") == "KUBELET_ROOT" for e in c.get("env") or []):
+                    _set_env(c, "KUBELET_ROOT", args.kubelet_root)
+            for v in pod.get("volumes") or []:
+                if v.get("name") == "kubelet" and "hostPath" in v:
+                    v["hostPath"]["path"] = args.kubelet_root
+                if v.get("name") == "driver-root" and "hostPath" in v:
+                    v["hostPath"]["path"] = args.driver_root
+        out.append(obj)
+    return out
+
+
+def crd_objects(args: NvlfabricDriverArgs) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
+    for d in docs:
+        _label(d, args.labels)
+        d["metadata"]["labels"][COMPONENT_LABEL] = "crd"
+    return docs
+
+
+class NvlfabricDriver(pulumi.ComponentResource):
+    """nvlfabric's DRA driver: the ComputeDomain CRD, the DeviceClass, RBAC, admission policies,
+    the node agent (DaemonSet) and the controller (Deployment)."""
+
+    namespace: pulumi.Output[str]
+    device_class: pulumi.Output[str]
+    crd: pulumi.Output[str]
+    image: pulumi.Output[str]
+
+    def __init__(self, resource_name: str, *, image: str = "nvlfabric/node-agent:0.1.0",
+                 driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
+                 channels_per_clique: int = 128, labels: dict[str, str] | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
+            "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
+            "channels_per_clique": channels_per_clique, "labels": labels or {}})
+        super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)
+        self.group = k8s.yaml.v2.ConfigGroup(
+            f"{resource_name}-driver", objs=driver_objects(self.args),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.crd_group]))
+        self.namespace = pulumi.Output.from_input(NAMESPACE)
+        # Outputs resolve once the objects exist, so dependants wait for the install.
+        self.device_class = self.group.resources.apply(lambda _: DEVICE_CLASS)
+        self.crd = self.crd_group.resources.apply(lambda _: "computedomains.nvlfabric.io")
+        self.image = pulumi.Output.from_input(self.args.image)
+        self.register_outputs({"namespace": self.namespace, "device_class": self.device_class,
+                               "crd": self.crd, "image": self.image})
