@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel
 
 from sim import hardware, pki, processes
-from sim.nodes import NODES_PER_RACK, SimNode, rack_nodes
+from sim.nodes import NODES_PER_RACK, SimNode, rack_nodes, runtime_root
 from sim.paths import Tools, load_tools
 from sim.processes import ProcessRecord
 
@@ -291,6 +291,7 @@ class ControlPlane:
         self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
         built = hardware.build_standins()
         hardware.write_topology(self.state_dir, nodes)
+        shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
         for node in nodes:
             shutil.rmtree(node.dir, ignore_errors=True)
             node.prepare_dirs()
@@ -363,6 +364,7 @@ class ControlPlane:
                 self._stop_all(state)
             self.state_file.unlink(missing_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+            shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
         (self.state_dir / "controlplane.lock").unlink(missing_ok=True)
         return was_running
 

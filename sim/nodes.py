@@ -5,7 +5,9 @@ gets a distinct loopback address (127.10.<rack>.<index+1>, all on `lo`, no set-u
 directory standing in for its host file system:
 
     <state>/nodes/<name>/
-        kubelet/                     the kubelet root (/var/lib/kubelet): plugins_registry/, plugins/
+        kubelet -> /tmp/nvlk-<hash>/<name>/kubelet
+                                     the kubelet root (/var/lib/kubelet): plugins_registry/, plugins/
+                                     (kept under a short path: unix sockets hold 107 bytes)
         cdi/etc/, cdi/run/           CDI spec dirs (/etc/cdi, /var/run/cdi)
         driver-root/                 the NVIDIA driver root (/run/nvidia/driver); device nodes land here
         proc-devices                 this node's /proc/devices (with the IMEX channel major)
@@ -15,7 +17,9 @@ directory standing in for its host file system:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -35,10 +39,13 @@ class SimNode(BaseModel):
     index: int
     address: str
     dir: Path
+    runtime_dir: Path
+    """Where this node's kubelet root really is: a short path, because unix socket paths hold 107
+    bytes and the kubelet root carries the plugin sockets (`dir/kubelet` links to it)."""
 
     @property
     def kubelet_root(self) -> Path:
-        return self.dir / "kubelet"
+        return self.runtime_dir / "kubelet"
 
     @property
     def registry_dir(self) -> Path:
@@ -90,12 +97,21 @@ class SimNode(BaseModel):
         for d in (self.registry_dir, self.kubelet_root / "plugins", *self.cdi_dirs, self.driver_root / "dev",
                   self.containers_dir):
             d.mkdir(parents=True, exist_ok=True)
+        link = self.dir / "kubelet"
+        if not link.is_symlink():
+            link.symlink_to(self.kubelet_root)
         self.proc_devices.write_text(proc_devices_text())
 
 
 def node_name(rack: int, index: int) -> str:
     """Kubernetes node name; the same name identifies the node in the NVML topology."""
     return topology.node_name(topology.rack_name(rack), index)
+
+
+def runtime_root(state_dir: Path) -> Path:
+    """A short directory of this simulator's own for unix sockets, whatever the state dir's length."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"nvlk-{digest}"
 
 
 def rack_nodes(state_dir: Path, racks: int, nodes_per_rack: int = NODES_PER_RACK, *,
@@ -107,7 +123,7 @@ def rack_nodes(state_dir: Path, racks: int, nodes_per_rack: int = NODES_PER_RACK
                          f"got {nodes_per_rack}")
     return [
         SimNode(name=node_name(r, i), rack=r, index=i, address=f"127.10.{r}.{i + 1}",
-                dir=state_dir / "nodes" / node_name(r, i))
+                dir=state_dir / "nodes" / node_name(r, i), runtime_dir=runtime_root(state_dir) / node_name(r, i))
         for r in range(first_rack, first_rack + racks) for i in range(nodes_per_rack)
     ]
 

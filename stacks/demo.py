@@ -153,27 +153,12 @@ def down(cp: ControlPlane) -> None:
     say("simulator stopped")
 
 
-# The longest unix socket path a simulated node gets (the node agent's registration socket);
-# sun_path holds 107 bytes. `rack-NN-node-NN` is the longest node name of a 2-rack demo.
-_SOCKET_TAIL = "/nodes/rack-00-node-00/kubelet/plugins_registry/channel.nvlfabric.io-reg.sock"
-_SUN_PATH_MAX = 107
-
-
-def demo_state_dir() -> Path:
-    """The simulator's default state dir, unless the node agents' sockets would not fit under it
-    (a long $HOME): then a short per-user one under /tmp, which `nvlfabric-sim` is told about."""
-    default = default_state_dir().resolve()
-    if os.environ.get("NVLFABRIC_SIM_DIR") or len(str(default) + _SOCKET_TAIL) <= _SUN_PATH_MAX:
-        return default
-    return Path(f"/tmp/nvlfabric-demo-{os.getuid()}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("--state-dir", type=Path, default=None)
     args = ap.parse_args(argv)
-    state_dir = (args.state_dir or demo_state_dir()).resolve()
+    state_dir = (args.state_dir or default_state_dir()).resolve()
     cp = ControlPlane(state_dir=state_dir, progress=say)
     saved = cp.load_state()
     if saved is not None:
