@@ -64,7 +64,7 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
         client.close()
         cp.down()
         # Shown by pytest only when a test failed: what the agents and the kubelets said.
-        for log in sorted(state.glob("nodes/*/pods/*/*.log")) + [state / "logs" / "sim-kubelet.log"]:
+        for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
             print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
         shutil.rmtree(state, ignore_errors=True)
 

@@ -41,7 +41,7 @@ from nodeagent.server import ClaimRef
 from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
 from sim import hardware
 from sim.kubelet import cdi as runtime_cdi
-from sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes
+from sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
@@ -92,6 +92,7 @@ def setup(cluster: Cluster) -> Iterator[Setup]:
     delete_nodes(client, [n.name for n in nodes])
     pools.withdraw(client, clique)
     shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(runtime_root(state), ignore_errors=True)
 
 
 def compute_domain(s: Setup, node: SimNode) -> tuple[str, ClaimRef]:

@@ -36,7 +36,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice
 
-from sim.nodes import SimNode, rack_nodes
+from sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.sim.fake_dra_plugin import FakePlugin
 
@@ -77,6 +77,7 @@ def sim_nodes(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     proc.stdout.close()
     log.close()
     shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(runtime_root(state), ignore_errors=True)
     for n in nodes:
         for kind, ns in ((Node, None), (Lease, "kube-node-lease")):
             with contextlib.suppress(ApiError):

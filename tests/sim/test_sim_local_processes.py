@@ -36,7 +36,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
 from sim import faults
-from sim.nodes import SimNode, rack_nodes
+from sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.sim.test_sim_kubelet import eventually
 
@@ -70,6 +70,7 @@ def nodes(cluster: Cluster) -> Iterator[list[SimNode]]:
         with contextlib.suppress(ApiError):
             cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
     shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(runtime_root(state), ignore_errors=True)
 
 
 def daemonset(name: str) -> DaemonSet:
