@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nodeagent.discovery import Gpu, GpuFabric, clique_of
 from sim import hardware
-from sim.nodes import rack_nodes
+from sim.nodes import rack_nodes, runtime_root
 from sim.nvml import faults, topology
 
 
 @pytest.fixture(scope="module")
-def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
     state = tmp_path_factory.mktemp("disc")
     nodes = rack_nodes(state, racks=2, nodes_per_rack=2)
     built = hardware.build_standins()
@@ -27,7 +29,8 @@ def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[st
     for n in nodes:
         n.prepare_dirs()
         hardware.install_driver_root(n, built)
-    return state, [n.name for n in nodes]
+    yield state, [n.name for n in nodes]
+    shutil.rmtree(runtime_root(state), ignore_errors=True)
 
 
 def discover(state: Path, node: str) -> dict[str, object]:
