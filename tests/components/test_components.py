@@ -243,3 +243,18 @@ def test_the_components_wire_up_under_mocks() -> Any:
         assert claims[0]["name"] == "channel"
 
     return pulumi.Output.all(rack.gpus, job.job.spec, job.job_name).apply(check)
+
+
+def test_the_agent_image_runs_what_the_simulator_runs() -> None:
+    """The Dockerfile's entrypoint and the simulator's image mapping must not drift apart."""
+    import json as _json
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    from sim.controlplane import default_images
+
+    dockerfile = (_Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile").read_text()
+    (entry,) = [line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")]
+    argv = _json.loads(entry.removeprefix("ENTRYPOINT"))
+    assert default_images()["nvlfabric/node-agent"] == [_sys.executable, *argv[1:]]
+    assert argv[0] == "python"
