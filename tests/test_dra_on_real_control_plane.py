@@ -7,10 +7,8 @@ the DRA objects, and the full allocation path for a pod whose claim comes from a
 from __future__ import annotations
 
 import datetime
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 from lightkube import ApiError, Client
@@ -47,21 +45,11 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from tests.conftest import Cluster
+from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 DRIVER = "gpu.test.nvlfabric.io"
-T = TypeVar("T")
 
-
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll until probe returns something truthy; fail naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def unique(prefix: str) -> str:

@@ -10,9 +10,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from lightkube import ApiError, Client
@@ -38,22 +37,12 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, 
 
 from sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
+from tests.kube import eventually
 from tests.sim.fake_dra_plugin import FakePlugin
 
 pytestmark = pytest.mark.cluster
 RACK = 90  # a rack number of its own, so these nodes never collide with other tests'
-T = TypeVar("T")
 
-
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")

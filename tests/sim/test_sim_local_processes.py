@@ -38,7 +38,7 @@ from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 from sim import faults
 from sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
-from tests.sim.test_sim_kubelet import eventually
+from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 RACK = 91
