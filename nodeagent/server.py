@@ -36,7 +36,10 @@ from kubeletapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from kubeletapi.types import ClaimRef, PreparedDevice
 from nodeagent import metrics
+
+__all__ = ["ClaimRef", "DeviceHealth", "Driver", "PluginServer", "PreparedDevice", "SocketPaths"]
 
 log = logging.getLogger("nvlfabric.nodeagent.server")
 
@@ -59,19 +62,6 @@ class DeviceHealth:
 HealthSource = Callable[[], list[DeviceHealth]]
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
 
 
 class Driver(Protocol):

@@ -40,8 +40,9 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from kubeletapi.types import ClaimRef
 from sim.kubelet import cdi
-from sim.kubelet.plugins import ClaimRef, Plugin, PluginCallError, RegistrationError, register, registry_sockets
+from sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from sim.kubelet.processes import PodProcess, start_pod_process
 from sim.nodes import SimNode
 from sim.nvml.topology import rack_name
@@ -374,7 +375,8 @@ class SimKubelet:
             assert claim.metadata is not None and claim.status and claim.status.allocation
             drivers = {r.driver for r in (claim.status.allocation.devices.results or [])} \
                 if claim.status.allocation.devices else set()
-            ref = ClaimRef(claim.metadata.namespace or "", claim.metadata.uid or "", claim.metadata.name or "")
+            ref = ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
+                           uid=claim.metadata.uid or "")
             for d in drivers:
                 by_driver.setdefault(d, []).append(ref)
         # request name → CDI IDs, per claim name (pod-level claim name as containers reference it)
@@ -519,7 +521,8 @@ class SimKubelet:
             except ApiError:
                 continue
             if claim.status and claim.status.allocation and claim.status.allocation.devices and claim.metadata:
-                ref = ClaimRef(claim.metadata.namespace or "", claim.metadata.uid or "", claim.metadata.name or "")
+                ref = ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
+                           uid=claim.metadata.uid or "")
                 for d in {r.driver for r in claim.status.allocation.devices.results or []}:
                     out.setdefault(d, []).append(ref)
         return out

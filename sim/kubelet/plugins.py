@@ -29,6 +29,7 @@ from kubeletapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from kubeletapi.types import ClaimRef, PreparedDevice
 
 GET_INFO_TIMEOUT_S = 1.0
 CALL_TIMEOUT_S = 45.0
@@ -45,19 +46,6 @@ class PluginCallError(Exception):
     """The call failed as a whole (gRPC error, timeout, missing claims)."""
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
 
 
 @dataclass
@@ -94,7 +82,8 @@ class Plugin:
         for c in claims:
             result = resp.claims[c.uid]
             out[c.uid] = result.error or [
-                PreparedDevice(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids))
+                PreparedDevice(request_names=tuple(d.request_names), pool_name=d.pool_name,
+                               device_name=d.device_name, cdi_device_ids=tuple(d.cdi_device_ids))
                 for d in result.devices]
         return out
 
