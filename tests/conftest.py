@@ -9,6 +9,7 @@ ports of its own (so a `make demo` cluster is never disturbed) and stops it at t
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pytest
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
+from sim import processes
 from sim.controlplane import ControlPlane, Ports
 from sim.paths import REPO
 
@@ -35,10 +37,27 @@ def _progress(msg: str) -> None:
     print(f"[control plane] {msg}", file=sys.stderr, flush=True)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def session_ports() -> Ports:
+    """The suite's usual ports, or free ones when another session (another checkout) holds them."""
+    wanted = [TEST_PORTS.etcd_client, TEST_PORTS.etcd_peer, TEST_PORTS.apiserver, TEST_PORTS.scheduler]
+    if not any(processes.port_in_use(p) for p in wanted):
+        return TEST_PORTS
+    return Ports(etcd_client=_free_port(), etcd_peer=_free_port(), apiserver=_free_port(), scheduler=_free_port())
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     state_dir = Path(os.environ.get("NVLFABRIC_TEST_SIM_DIR") or REPO / "build" / "test-sim")
     cp = ControlPlane(state_dir=state_dir, ports=TEST_PORTS, progress=_progress)
+    saved = cp.load_state()
+    if saved is None or not cp.running():
+        cp.ports = session_ports()
     started = cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="nvlfabric-tests")
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from sim import processes
 from sim.controlplane import ControlPlane, Ports
-from tests.conftest import TEST_PORTS, Cluster
+from tests.conftest import Cluster
 
 CLI = [sys.executable, "-m", "sim.cli"]
 
@@ -35,7 +35,7 @@ def test_second_up_while_running_says_so_and_changes_nothing(cluster: Cluster) -
     cp = cluster.controlplane
     before = cp.load_state()
     assert before is not None
-    result = sim("up", *port_flags(TEST_PORTS), state_dir=cp.state_dir)
+    result = sim("up", *port_flags(cp.ports), state_dir=cp.state_dir)
     assert result.returncode == 0, result.stderr
     assert "already running" in result.stdout
     after = cp.load_state()
