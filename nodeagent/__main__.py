@@ -151,6 +151,8 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
 
     server = PluginServer(paths=sockets, driver=driver, health=device_health)
     server.start()
+    # Bring back the IMEX domains that prepared claims need now, not at the first resync.
+    driver.housekeeping(clique=found.clique)
     health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
     try:

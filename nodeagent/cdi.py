@@ -59,9 +59,11 @@ __all__ = [
     "channel_path",
     "claim_spec",
     "device_name",
+    "host_channel_path",
     "read_major",
     "release_channel_device_node",
     "remove_claim_spec",
+    "remove_temp_files",
     "spec_file_name",
     "write_claim_spec",
 ]
@@ -227,7 +229,8 @@ def read_major(proc_devices_path: str | os.PathLike[str], name: str) -> int:
                         f"(it registers {name!r} at module load)?")
 
 
-def _host_channel_path(driver_root: str | os.PathLike[str], channel: int) -> Path:
+def host_channel_path(driver_root: str | os.PathLike[str], channel: int) -> Path:
+    """Where the agent creates the channel's device node on the host (under the driver root)."""
     return Path(driver_root) / channel_path(channel).lstrip("/")
 
 
@@ -247,7 +250,7 @@ def channel_device_node(driver_root: str | os.PathLike[str], channel: int, major
     driver reload, a plain file) is replaced atomically. Needs CAP_MKNOD.
     """
     _check_channels([channel])
-    path = _host_channel_path(driver_root, channel)
+    path = host_channel_path(driver_root, channel)
     if _is_channel_node(path, major, channel):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -272,9 +275,23 @@ def channel_device_node(driver_root: str | os.PathLike[str], channel: int, major
     return path
 
 
+def remove_temp_files(cdi_dir: str | os.PathLike[str], driver_root: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files of our interrupted writes (an agent killed mid-write), removed at agent start:
+    `.<our spec file>.*.tmp` in the CDI dir and `.channel<N>.*.tmp` beside the channel nodes. Never
+    read as specs (they do not end in `.json`), but they would pile up."""
+    removed: list[Path] = []
+    candidates = [*Path(cdi_dir).glob(f".{VENDOR}-{CLASS}_*.json.*.tmp"),
+                  *host_channel_path(driver_root, 0).parent.glob(".channel*.tmp")]
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def release_channel_device_node(driver_root: str | os.PathLike[str], channel: int) -> bool:
     """Remove the channel's host device node; False if it was not there."""
-    path = _host_channel_path(driver_root, channel)
+    path = host_channel_path(driver_root, channel)
     try:
         path.unlink()
     except FileNotFoundError:

@@ -1,7 +1,14 @@
 """Prepare and unprepare of ComputeDomain channel claims on this node.
 
 Prepare, per claim (all calls serialised under one lock; the kubelet may call concurrently):
-1. already PrepareCompleted in the checkpoint → return the stored devices (idempotent, fast);
+0. the claim reference must be well-formed (namespace, name and UID as the API server makes them);
+1. already PrepareCompleted in the checkpoint under this UID, answered before by this process, CDI
+   spec and channel node present → return the same devices, without calling the API server (warm
+   prepare, well under a millisecond). The UID is the proof: UIDs are never reused, the kubelet
+   fetched the claim and compared its UID itself before calling, and the entry records that this
+   agent validated exactly that object; a claim deleted and re-created has a new UID and takes the
+   full path. (After a restart the first answer per claim takes the full path, which rebuilds the
+   answer and anything missing on disk.)
 2. GET the claim: it must still have the requested UID ("got replaced" otherwise), be allocated,
    hold a result of our driver from a clique pool, and that clique must be this node's;
 3. decode our opaque config strictly (provider/api/channelconfig.py);
@@ -14,14 +21,20 @@ Prepare, per claim (all calls serialised under one lock; the kubelet may call co
 Every failure becomes that claim's error string, which the kubelet retries; a step that cannot
 finish inside the kubelet's 45 s budget gives up early with a message saying so.
 
-Unprepare: unknown claim → success; started → aborted (a stale prepare retry is then refused);
-completed → CDI spec and checkpoint entry removed, the channel node released when no other
-prepared claim uses that channel, this node's status entry withdrawn.
+Unprepare: unknown claim → success; started → its side effects undone, then aborted (a stale
+prepare retry is then refused); completed → CDI spec removed, the channel node released when no
+other claim uses that channel, this node's status entry withdrawn, and only then the checkpoint
+entry removed, so an agent killed at any point finishes the job when the kubelet retries.
+
+At start the agent removes temporary files of interrupted writes and stops IMEX daemons an earlier
+agent process left behind; `housekeeping` (re)starts the IMEX domains its prepared claims need.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +58,20 @@ from provider.api.channelconfig import DRIVER, ChannelConfig
 log = logging.getLogger("nvlfabric.nodeagent.driver")
 KUBELET_BUDGET_S = 45.0
 IMEX_READY_BUDGET_S = 30.0  # leaves the rest of the kubelet's 45 s for the other steps
+_DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$")
+_CHANNEL_DEVICE = re.compile(r"^channel-([1-9][0-9]{0,3})$")
+_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.\-]{0,126}[A-Za-z0-9])?$")
+
+
+def _show(value: str, limit: int = 80) -> str:
+    """`value` for an error message: quoted when odd, cut when long (a request may carry anything)."""
+    text = value if _UID.match(value) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(value)} characters)"
+
+
+def claim_name(c: ClaimRef) -> str:
+    return f"{_show(c.namespace)}/{_show(c.name)}"
 
 
 class PrepareError(Exception):
@@ -79,6 +106,17 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _check_ref(c: ClaimRef) -> None:
+    """The kubelet sends what the API server stored; anything else is refused before it is used in a
+    URL or a file name."""
+    if not _DNS_LABEL.match(c.namespace):
+        raise PrepareError(f"claim {claim_name(c)}: namespace {_show(c.namespace)} is not a valid namespace name")
+    if not _DNS_SUBDOMAIN.match(c.name):
+        raise PrepareError(f"claim {claim_name(c)}: name {_show(c.name)} is not a valid ResourceClaim name")
+    if not _UID.match(c.uid):
+        raise PrepareError(f"claim {claim_name(c)}: UID {_show(c.uid)} is not a valid object UID")
+
+
 class ChannelDriver:
     def __init__(self, *, client: Client, node: NodeIdentity, paths: Paths,
                  clock: Callable[[], datetime] = _now) -> None:
@@ -88,29 +126,47 @@ class ChannelDriver:
         self.clock = clock
         self._lock = threading.Lock()
         self._domains: dict[str, imex.ImexDomain] = {}
+        self._answers: dict[str, list[PreparedDevice]] = {}
+        """Completed claims this process has answered: the warm path's reply (see the module doc)."""
         paths.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.state, report = checkpoint.load(paths.checkpoint, paths.boot_id, clock=clock)
         if not report.ok:
             log.warning("checkpoint: %s", report)
+        removed = cdi.remove_temp_files(paths.cdi_dir, paths.driver_root)
+        stopped, removed_imex = imex.clean_workdir(paths.imex_workdir)
+        if removed or removed_imex:
+            log.info("removed %d temporary file(s) of interrupted writes", len(removed) + len(removed_imex))
+        if stopped:
+            log.warning("stopped %d IMEX daemon(s) an earlier agent process left running (pids %s); the domains "
+                        "prepared claims need are restarted", len(stopped), ", ".join(map(str, stopped)))
         self._major: int | None = None
 
     # -- the kubelet's calls ----------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
+        if not claims:  # the health check's probe: answer at once, not after a prepare in progress
+            return {}
         deadline = time.monotonic() + KUBELET_BUDGET_S - 5
         out: dict[str, list[PreparedDevice] | str] = {}
         with self._lock:
             for c in claims:
                 try:
+                    _check_ref(c)
                     out[c.uid] = self._prepare_one(c, deadline)
                 except PrepareError as exc:
                     out[c.uid] = str(exc)
                 except (ApiError, OSError, checkpoint.CheckpointError, imex.ImexError) as exc:
-                    log.warning("prepare %s/%s: %s", c.namespace, c.name, exc)
-                    out[c.uid] = f"prepare of claim {c.namespace}/{c.name} failed: {exc}"
+                    log.warning("prepare %s: %s", claim_name(c), exc)
+                    out[c.uid] = f"prepare of claim {claim_name(c)} failed: {exc}"
+                except Exception as exc:  # one claim's bug must not cost every other claim its answer
+                    log.exception("prepare %s: internal error", claim_name(c))
+                    out[c.uid] = (f"prepare of claim {claim_name(c)} failed (internal error): "
+                                  f"{type(exc).__name__}: {exc}")
         return out
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        if not claims:
+            return {}
         out: dict[str, str] = {}
         with self._lock:
             for c in claims:
@@ -118,7 +174,12 @@ class ChannelDriver:
                     self._unprepare_one(c)
                     out[c.uid] = ""
                 except (ApiError, OSError, checkpoint.CheckpointError) as exc:
-                    out[c.uid] = f"unprepare of claim {c.namespace}/{c.name} failed: {exc}"
+                    log.warning("unprepare %s: %s", claim_name(c), exc)
+                    out[c.uid] = f"unprepare of claim {claim_name(c)} failed: {exc}"
+                except Exception as exc:
+                    log.exception("unprepare %s: internal error", claim_name(c))
+                    out[c.uid] = (f"unprepare of claim {claim_name(c)} failed (internal error): "
+                                  f"{type(exc).__name__}: {exc}")
         return out
 
     # -- prepare ---------------------------------------------------------------------------------
@@ -127,27 +188,43 @@ class ChannelDriver:
         return [PreparedDevice((request,), pool, device, entry.cdi_device_ids)]
 
     def _prepare_one(self, c: ClaimRef, deadline: float) -> list[PreparedDevice]:
+        entry = self.state.get(c.uid)
+        completed = entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
+        if completed and entry is not None and (entry.claim.namespace, entry.claim.name) == (c.namespace, c.name):
+            answer = self._answers.get(c.uid)
+            if answer is not None and self._on_disk(entry):
+                return answer
         claim = self._get_claim(c)
         pool, device, request, config = self._validate(c, claim)
         channel = int(device.removeprefix("channel-"))
-        entry = self.state.get(c.uid)
-        if entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED:
-            return self._devices(entry, pool, device, request)
         clique = pool.removeprefix("clique-")
         domain_id = f"clique-{clique}" if config.imex_mode is api.IMEXMode.CLIQUE_SCOPED else \
             f"cd-{config.compute_domain.uid}"
         allocation = checkpoint.Allocation(
             compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
             channels=(channel,), imex_domain_id=domain_id)
+        if entry is not None and entry.state is not checkpoint.ClaimState.PREPARE_ABORTED \
+                and entry.allocation != allocation:
+            # Deallocated and allocated anew (same UID) while prepared or half-prepared here: the old
+            # channel's node and spec go, the new allocation is prepared from scratch.
+            log.warning("claim %s: allocation changed from channels %s to %s; preparing the new one", claim_name(c),
+                        list(entry.allocation.channels), [channel])
+            self._undo(entry)
+            self._save(checkpoint.remove(self.state, c.uid))
+            self._answers.pop(c.uid, None)
+            entry, completed = None, False
+        if completed and entry is not None:
+            self._restore(entry)
+            answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
+            return answer
+        if config.imex_mode is api.IMEXMode.DEDICATED:  # refused before anything is recorded
+            raise PrepareError(f"claim {claim_name(c)}: imexMode Dedicated is not supported by this agent version "
+                               "yet; use CliqueScoped (the default)")
         ref = checkpoint.ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name)
         try:
             self._save(checkpoint.start_prepare(self.state, ref, allocation, now=self.clock()))
         except checkpoint.StalePrepareRejected as exc:
-            raise PrepareError(f"claim {c.namespace}/{c.name}: {exc}") from exc
-
-        if config.imex_mode is api.IMEXMode.DEDICATED:
-            raise PrepareError("imexMode Dedicated is not supported by this agent version yet; "
-                               "use CliqueScoped (the default)")
+            raise PrepareError(f"claim {claim_name(c)}: {exc}") from exc
         self._ensure_clique_domain(clique, domain_id, deadline)
         major = self._channel_major()
         cdi.channel_device_node(self.paths.driver_root, channel, major)
@@ -159,47 +236,77 @@ class ChannelDriver:
         self._report(config, ready=True, message=None)
         entry = self.state.get(c.uid)
         assert entry is not None
-        return self._devices(entry, pool, device, request)
+        answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
+        return answer
+
+    def _on_disk(self, entry: checkpoint.ClaimEntry) -> bool:
+        """The completed claim's CDI spec and channel nodes are still there (two stats)."""
+        return os.path.exists(entry.cdi_spec_file) and all(
+            os.path.exists(cdi.host_channel_path(self.paths.driver_root, ch)) for ch in entry.allocation.channels)
+
+    def _restore(self, entry: checkpoint.ClaimEntry) -> None:
+        """Put back a completed claim's channel nodes and CDI spec if something removed them (idempotent)."""
+        major = self._channel_major()
+        for ch in entry.allocation.channels:
+            cdi.channel_device_node(self.paths.driver_root, ch, major)
+        spec = cdi.claim_spec(claim_uid=entry.uid, channels=entry.allocation.channels, major=major,
+                              compute_domain=entry.allocation.compute_domain_name)
+        written = cdi.write_claim_spec(self.paths.cdi_dir, entry.uid, spec)
+        if written.changed:
+            log.warning("claim %s: its CDI spec %s was missing or different; rewritten", entry.uid, written.path)
 
     def _get_claim(self, c: ClaimRef) -> ResourceClaim:
         try:
             claim = self.client.get(ResourceClaim, c.name, namespace=c.namespace)
         except ApiError as exc:
             if exc.status.code == 404:
-                raise PrepareError(f"claim {c.namespace}/{c.name} does not exist (any more)") from exc
+                raise PrepareError(f"claim {claim_name(c)} does not exist (any more)") from exc
             raise
         live_uid = claim.metadata.uid if claim.metadata else None
         if live_uid != c.uid:
-            raise PrepareError(f"claim {c.namespace}/{c.name} got replaced: its UID is {live_uid}, "
+            raise PrepareError(f"claim {claim_name(c)} got replaced: its UID is {live_uid}, "
                                f"not the requested {c.uid}")
         return claim
 
     def _validate(self, c: ClaimRef, claim: ResourceClaim) -> tuple[str, str, str, ChannelConfig]:
         alloc = claim.status.allocation if claim.status else None
         if alloc is None or alloc.devices is None:
-            raise PrepareError(f"claim {c.namespace}/{c.name} is not allocated")
+            raise PrepareError(f"claim {claim_name(c)} is not allocated")
         ours = [r for r in alloc.devices.results or [] if r.driver == DRIVER]
         if not ours:
-            raise PrepareError(f"claim {c.namespace}/{c.name} has no device of driver {DRIVER}")
+            raise PrepareError(f"claim {claim_name(c)} has no device of driver {DRIVER}")
         result = ours[0]
-        if not (result.pool.startswith("clique-") and result.device.startswith("channel-")):
-            raise PrepareError(f"claim {c.namespace}/{c.name}: device {result.pool}/{result.device} is not a channel")
+        number = _CHANNEL_DEVICE.match(result.device)
+        if not (result.pool.startswith("clique-") and number and int(number[1]) < checkpoint.IMEX_CHANNEL_COUNT):
+            raise PrepareError(f"claim {claim_name(c)}: device {result.pool}/{result.device} is not a channel")
         clique = result.pool.removeprefix("clique-")
         if clique != self.node.clique:
-            raise PrepareError(f"claim {c.namespace}/{c.name} was allocated in clique {clique}, but node "
+            raise PrepareError(f"claim {claim_name(c)} was allocated in clique {clique}, but node "
                                f"{self.node.name} is in clique {self.node.clique or '(none: fabric not ready)'}")
         raw = [cfg.opaque.parameters for cfg in alloc.devices.config or []
                if cfg.opaque is not None and cfg.opaque.driver == DRIVER]
         if not raw:
-            raise PrepareError(f"claim {c.namespace}/{c.name} carries no {DRIVER} configuration; create "
+            raise PrepareError(f"claim {claim_name(c)} carries no {DRIVER} configuration; create "
                                "ComputeDomains with nvlfabric (its claim names the ComputeDomain)")
         try:
             config = ChannelConfig.model_validate(raw[-1])
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(config)"
-            raise PrepareError(f"claim {c.namespace}/{c.name}: invalid {DRIVER} config at {where}: "
-                               f"{first['msg']}") from exc
+            errors = exc.errors()
+            found = "; ".join(f"at {'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg']}" for e in errors[:3])
+            more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config {found}{more}") from exc
+        cd = config.compute_domain
+        # The agent writes this ComputeDomain's status with its own credentials: only the claim's own
+        # namespace, and only a name the API server could have given an object.
+        if cd.namespace != c.namespace:
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config at computeDomain.namespace: "
+                               f"{_show(cd.namespace)} is not the claim's namespace {c.namespace}")
+        if not _DNS_SUBDOMAIN.match(cd.name):
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config at computeDomain.name: "
+                               f"{_show(cd.name)} is not a valid ComputeDomain name")
+        if not _UID.match(cd.uid):
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config at computeDomain.uid: "
+                               f"{_show(cd.uid)} is not a valid object UID")
         return result.pool, result.device, result.request.split("/")[0], config
 
     def _channel_major(self) -> int:
@@ -217,12 +324,16 @@ class ChannelDriver:
             members.append(self.node.address)
         return members
 
-    def _ensure_clique_domain(self, clique: str, domain_id: str, deadline: float) -> None:
+    def _domain(self, domain_id: str) -> imex.ImexDomain:
         domain = self._domains.get(domain_id)
         if domain is None:
             domain = imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir,
                                      driver_root=self.paths.driver_root, bind_address=self.node.address)
             self._domains[domain_id] = domain
+        return domain
+
+    def _ensure_clique_domain(self, clique: str, domain_id: str, deadline: float) -> None:
+        domain = self._domain(domain_id)
         members = self._clique_members(clique)
         if domain.poll() is not None or domain.pid is None:
             domain.ensure_running(members)
@@ -258,24 +369,29 @@ class ChannelDriver:
 
     def _unprepare_one(self, c: ClaimRef) -> None:
         entry = self.state.get(c.uid)
-        if entry is None:
+        self._answers.pop(c.uid, None)
+        if entry is None or entry.state is checkpoint.ClaimState.PREPARE_ABORTED:
             return
+        # Side effects first, the checkpoint entry last: killed anywhere in between, the entry is
+        # still there and the kubelet's retry finishes the job (nothing is left that no entry names).
+        self._undo(entry)
         if entry.state is checkpoint.ClaimState.PREPARE_STARTED:
             self._save(checkpoint.abort(self.state, c.uid, now=self.clock()))
             return
-        if entry.state is checkpoint.ClaimState.PREPARE_ABORTED:
-            return
-        cdi.remove_claim_spec(self.paths.cdi_dir, c.uid)
+        a = entry.allocation
+        if not any(e.allocation.compute_domain_uid == a.compute_domain_uid and e.uid != c.uid
+                   for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)):
+            self._withdraw(entry.claim.namespace, a.compute_domain_name)
         self._save(checkpoint.remove(self.state, c.uid))
-        still_used = {ch for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)
-                      for ch in e.allocation.channels}
+
+    def _undo(self, entry: checkpoint.ClaimEntry) -> None:
+        """Remove the claim's CDI spec and the channel nodes no other (started or completed) claim uses."""
+        cdi.remove_claim_spec(self.paths.cdi_dir, entry.uid)
+        still_used = {ch for e in self.state.claims if e.uid != entry.uid
+                      and e.state is not checkpoint.ClaimState.PREPARE_ABORTED for ch in e.allocation.channels}
         for ch in entry.allocation.channels:
             if ch not in still_used:
                 cdi.release_channel_device_node(self.paths.driver_root, ch)
-        a = entry.allocation
-        if not any(e.allocation.compute_domain_uid == a.compute_domain_uid
-                   for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)):
-            self._withdraw(c.namespace, a.compute_domain_name)
 
     def _withdraw(self, namespace: str, cd_name: str) -> None:
         body: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.KIND,
@@ -289,13 +405,36 @@ class ChannelDriver:
                             exc.status.message)
 
     def housekeeping(self, *, clique: str | None) -> None:
-        """Periodic: follow a changed clique; drop aborted entries whose stale-prepare window ended."""
+        """Periodic (and once at start): follow a changed clique; drop aborted entries whose
+        stale-prepare window ended; keep the IMEX domains of prepared claims running."""
         with self._lock:
             if clique != self.node.clique:
                 self.node = NodeIdentity(self.node.name, self.node.address, clique)
+                self._answers.clear()  # re-validated against the new clique at their next prepare
             cp = checkpoint.expire_aborted(self.state, now=self.clock())
             if cp != self.state:
                 self._save(cp)
+            self._keep_domains_running()
+
+    def _keep_domains_running(self) -> None:
+        """The IMEX domains of prepared claims run here, with the clique's current members (started
+        again after an agent restart or a daemon crash, SIGUSR1 on a membership change)."""
+        needed = {e.allocation.imex_domain_id for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)}
+        for domain_id in sorted(needed):
+            clique = domain_id.removeprefix("clique-")
+            if not domain_id.startswith("clique-") or clique != self.node.clique:
+                continue  # dedicated domains are not built yet; a former clique has no members here
+            try:
+                domain = self._domain(domain_id)
+                members = self._clique_members(clique)
+                if domain.poll() is not None or domain.pid is None:
+                    log.warning("IMEX domain %s: daemon not running (exit status %s); starting it", domain_id,
+                                domain.poll())
+                    domain.ensure_running(members)
+                elif domain.update_members(members):
+                    log.info("IMEX domain %s: members now %s", domain_id, ", ".join(domain.members))
+            except (ApiError, OSError, ValueError, imex.ImexError) as exc:
+                log.warning("IMEX domain %s: %s", domain_id, exc)
 
     def stop(self) -> None:
         """Agent shutdown: daemons keep running only as long as the agent (the kubelet restarts it)."""

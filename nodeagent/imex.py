@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import ipaddress
+import itertools
 import os
 import re
 import signal
@@ -62,6 +63,8 @@ __all__ = [
     "QueryResult",
     "WaitForQuorum",
     "canonical_members",
+    "clean_workdir",
+    "daemons_using",
     "ports_for_slot",
     "render_nodes",
 ]
@@ -247,6 +250,64 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def daemons_using(config_path: str | os.PathLike[str]) -> list[int]:
+    """Live `nvidia-imex` processes whose command line names `config_path` as their config (`-c <path>`)."""
+    wanted = str(config_path).encode()
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (os.path.basename(argv[0]) == b"nvidia-imex" and _pid_alive(int(entry.name))
+                    and any(a == b"-c" and b == wanted for a, b in itertools.pairwise(argv))):
+                found.append(int(entry.name))
+    return found
+
+
+def _terminate(pids: Iterable[int], timeout: float) -> None:
+    """SIGTERM, and SIGKILL whatever is still alive after `timeout` s."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def clean_workdir(workdir: str | os.PathLike[str], *, stop_timeout: float = 5.0) -> tuple[list[int], list[Path]]:
+    """At agent start: stop every daemon an earlier agent process of this node left running, and
+    remove temporary files of its interrupted writes. Returns (stopped pids, removed files).
+
+    In a container the daemons die with the agent; where they survive (a shared pid namespace, or
+    processes outside any container), an orphan would hold its domain's ports, so that the next
+    start fails, and nobody would stop it. The agent restarts the domains its prepared claims need.
+    """
+    root = Path(workdir)
+    stopped: list[int] = []
+    removed: list[Path] = []
+    if not root.is_dir():
+        return stopped, removed
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        pids = daemons_using(d / "config.cfg")
+        _terminate(pids, stop_timeout)
+        stopped += pids
+        (d / "imex.pid").unlink(missing_ok=True)
+        for tmp in d.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return stopped, removed
+
+
 class ImexDomain:
     """This node's IMEX daemon for domain `domain_id`, started and stopped by the agent."""
 
@@ -370,24 +431,13 @@ class ImexDomain:
         _atomic_write(self.pid_path, f"{self._proc.pid}\n")
 
     def _kill_stale(self) -> None:
-        """A daemon of this domain left by an earlier agent process (which was killed) holds the ports."""
-        try:
-            pid = int(self.pid_path.read_text().strip())
-        except (OSError, ValueError):
-            return
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            argv = []
-        if str(self.config_path).encode() in argv and _pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + self.stop_timeout
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                if _pid_alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+        """A daemon of this domain left by an earlier agent process (which was killed) holds the ports.
+
+        Found by its command line (`-c <this config>`), not only through the pid file: an agent killed
+        between spawning the daemon and writing the pid file leaves a daemon no pid file names.
+        """
+        own = self._proc.pid if self._proc is not None else None
+        _terminate([pid for pid in daemons_using(self.config_path) if pid != own], self.stop_timeout)
         self.pid_path.unlink(missing_ok=True)
 
     def _reap(self) -> None:

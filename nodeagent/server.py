@@ -106,7 +106,7 @@ def _claims(request: Any) -> list[ClaimRef]:
 
 def _prepare_response(pb: Any, results: dict[str, list[PreparedDevice] | str], claims: list[ClaimRef]) -> Any:
     resp = pb.NodePrepareResourcesResponse()
-    for claim in claims:
+    for claim in {c.uid: c for c in claims}.values():  # a claim named twice is answered once
         result = results.get(claim.uid, "internal error: the driver returned no result for this claim")
         entry = resp.claims[claim.uid]
         if isinstance(result, str):

@@ -37,10 +37,18 @@ def _progress(msg: str) -> None:
     print(f"[control plane] {msg}", file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports() -> Ports:
+    """Four distinct free loopback ports (held open together while chosen), for tests that start a
+    control plane of their own."""
+    socks = [socket.socket() for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        etcd, peer, api, sched = (int(sock.getsockname()[1]) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    return Ports(etcd_client=etcd, etcd_peer=peer, apiserver=api, scheduler=sched)
 
 
 def session_ports() -> Ports:
@@ -48,7 +56,7 @@ def session_ports() -> Ports:
     wanted = [TEST_PORTS.etcd_client, TEST_PORTS.etcd_peer, TEST_PORTS.apiserver, TEST_PORTS.scheduler]
     if not any(processes.port_in_use(p) for p in wanted):
         return TEST_PORTS
-    return Ports(etcd_client=_free_port(), etcd_peer=_free_port(), apiserver=_free_port(), scheduler=_free_port())
+    return free_ports()
 
 
 @pytest.fixture(scope="session")

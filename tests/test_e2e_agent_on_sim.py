@@ -37,12 +37,13 @@ from nodeagent import pools
 from nodeagent.controller import ComputeDomainResource
 from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
 from sim import faults
-from sim.controlplane import ControlPlane, Ports
+from sim.controlplane import ControlPlane
+from tests.conftest import free_ports
 from tests.kube import eventually, install_crd
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
-PORTS = Ports(etcd_client=43793, etcd_peer=43803, apiserver=46445, scheduler=40262)
+PORTS = free_ports()  # a control plane of its own; free ports so sessions never clash
 RACK = 150  # addresses 127.10.150.x: away from a demo's racks on the same machine
 
 

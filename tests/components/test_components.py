@@ -29,7 +29,8 @@ from components import (
 )
 from components.driver import driver_objects
 from components.workload import BoundJobArgs, job_manifest
-from sim.controlplane import ControlPlane, Ports
+from sim.controlplane import ControlPlane
+from tests.conftest import free_ports
 from tests.kube import eventually
 from tests.pulumi_cli import project_from_fixture
 
@@ -154,7 +155,7 @@ def test_a_domain_refuses_more_than_256_pods_over_its_workloads() -> None:
 
 # -- end to end through the real Pulumi CLI on a simulated rack -----------------------------------
 
-PORTS = Ports(etcd_client=43795, etcd_peer=43805, apiserver=46447, scheduler=40264)
+PORTS = free_ports()  # a control plane of its own; free ports so sessions never clash
 RACK = 160
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "components_stack"
 

@@ -15,7 +15,7 @@ import pytest
 
 from sim import processes
 from sim.controlplane import ControlPlane, Ports
-from tests.conftest import Cluster
+from tests.conftest import Cluster, free_ports
 
 CLI = [sys.executable, "-m", "sim.cli"]
 
@@ -91,7 +91,7 @@ def test_status_and_down_when_nothing_runs(tmp_path: Path) -> None:
 
 @pytest.fixture
 def own_controlplane(tmp_path: Path) -> Iterator[tuple[Path, Ports]]:
-    ports = Ports(etcd_client=43791, etcd_peer=43801, apiserver=46443, scheduler=40260)
+    ports = free_ports()
     yield tmp_path / "state", ports
     ControlPlane(state_dir=tmp_path / "state", ports=ports).down()
 
@@ -120,7 +120,7 @@ def test_up_then_down_leaves_no_process_and_no_lock(own_controlplane: tuple[Path
 @pytest.mark.cluster
 def test_up_with_racks_brings_ready_gb200_nodes_and_faults_reach_them(tmp_path: Path) -> None:
     state_dir = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))  # short: node sockets live below it
-    ports = Ports(etcd_client=43792, etcd_peer=43802, apiserver=46444, scheduler=40261)
+    ports = free_ports()
     try:
         up = sim("up", *port_flags(ports), "--racks", "2", "--nodes-per-rack", "2", "--first-rack", "0",
                  state_dir=state_dir)

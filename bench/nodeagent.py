@@ -1,0 +1,221 @@
+"""Node agent benchmark → bench/results/nodeagent.json.
+
+One node agent, started through its real entry point (`python -m nodeagent agent`) on a simulated
+GB200 node (NVML and IMEX stand-ins) against a control plane of its own, called over its real DRA
+socket the way the kubelet calls it (one claim per NodePrepareResources call).
+
+Set-up: 1000 channel claims of 100 ComputeDomains (10 claims each), allocated on one clique pool of
+1000 channels. Their allocations are written through the resourceclaims/status subresource as an
+admin, as the scheduler would write them, instead of scheduling 1000 pods: the agent reads nothing
+but the claim, and 1000 pods on one node would measure the scheduler, not the agent.
+
+Figures (targets from issue 4):
+- prepare_p50_ms, prepare_p99_ms   warm prepare (the claim already prepared, e.g. the kubelet
+                                   preparing again after a restart or for another pod of the claim),
+                                   one call per claim over the 1000 claims; target ≤ 2 / ≤ 10 ms
+- rss_mb                           the agent's resident memory with 1000 claims prepared; ≤ 60 MB
+- idle_cpu_pct                     the agent's CPU use while nobody calls, over one full resync
+                                   period (30 s: one fabric re-check and housekeeping pass); < 1 %
+- cold_prepare_p50_ms / _p99_ms    first prepare of each claim (API GET, checkpoint writes, CDI
+                                   spec, channel node, status report; the IMEX daemon start on the
+                                   first one)
+- unprepare_p50_ms                 unprepare of each claim
+- idle_cpu_health_stream_pct       idle CPU with the kubelet's device-health stream open
+- rss_hwm_mb                       peak resident memory
+- rss_anon_mb, pss_mb              of rss_mb: private (anonymous) memory, and the proportional share
+                                   (shared library pages split among the processes mapping them)
+- rss_no_claims_mb                 right after start, before any claim (the floor of the stack:
+                                   Python, gRPC, pydantic, lightkube, protobuf, NVML bindings)
+- setup_claims_s                   creating and allocating the 1000 claims (not the agent)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import grpc  # noqa: E402
+from lightkube import Client  # noqa: E402
+from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
+
+from kubeletapi import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
+from sim.controlplane import ControlPlane, Ports  # noqa: E402
+from tests.nodeagent import agentproc as ap  # noqa: E402
+
+PORTS = Ports(etcd_client=63791, etcd_peer=63801, apiserver=56445, scheduler=60260)
+RESULTS = REPO / "bench" / "results" / "nodeagent.json"
+CLAIMS = int(os.environ.get("NVLFABRIC_BENCH_CLAIMS", "1000"))
+PER_DOMAIN = 10
+IDLE_S = float(os.environ.get("NVLFABRIC_BENCH_IDLE_S", "30"))
+RESYNC_S = 30.0  # the agent's default
+TARGETS = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 10.0, "rss_mb": 60.0, "idle_cpu_pct": 1.0}
+
+
+def say(msg: str) -> None:
+    print(f"[bench nodeagent {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def status_kb(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def smaps_kb(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def idle_cpu(pid: int, seconds: float) -> float:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+
+def make_claims(client: Client, host: ap.Host) -> list[ap.Claim]:
+    domains = [ap.compute_domain(client, f"bench-{d:03d}") for d in range(CLAIMS // PER_DOMAIN)]
+
+    def one(i: int) -> ap.Claim:
+        config = domains[i // PER_DOMAIN]
+        return ap.allocated_claim(client, host, f"{config.compute_domain.name}-{i % PER_DOMAIN}", config.to_kube(),
+                                  channel=i + 1)
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(CLAIMS)))
+
+
+def timed(calls: list[ap.Claim], kubelet: ap.Kubelet, op: str) -> list[float]:
+    out = []
+    for c in calls:
+        t0 = time.perf_counter()
+        result = kubelet.prepare([c]) if op == "prepare" else kubelet.unprepare([c])
+        out.append((time.perf_counter() - t0) * 1000)
+        r = result[c.uid]
+        if isinstance(r, str) and r:
+            raise SystemExit(f"bench: {op} of {c.ref} failed: {r}")
+    return out
+
+
+def health_stream(endpoint: Path, stop: threading.Event) -> None:
+    """The kubelet's NodeWatchResources stream, held open and drained until `stop`."""
+    with grpc.insecure_channel(f"unix:{endpoint}") as ch:
+        stream = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            dra_health_v1alpha1_pb2.NodeWatchResourcesRequest())
+        stop_watch = threading.Thread(target=lambda: (stop.wait(), stream.cancel()), daemon=True)
+        stop_watch.start()
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass
+
+
+def run(tmp: Path, results: dict[str, float]) -> None:
+    cp = ControlPlane(state_dir=tmp / "cp", ports=PORTS, progress=lambda m: None)
+    cp.up()
+    client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="bench")
+    agent: ap.AgentProcess | None = None
+    host: ap.Host | None = None
+    try:
+        host = ap.make_host(tmp, range(245, 250))
+        ap.register(client, host, channels=CLAIMS)
+        t0 = time.monotonic()
+        claims = make_claims(client, host)
+        results["setup_claims_s"] = time.monotonic() - t0
+        say(f"{len(claims)} claims of {CLAIMS // PER_DOMAIN} ComputeDomains allocated in "
+            f"{results['setup_claims_s']:.1f}s")
+
+        agent = ap.AgentProcess(host, cp.kubeconfig, resync_seconds=RESYNC_S)
+        agent.start()
+        assert agent.pid is not None
+        time.sleep(1)
+        results["rss_no_claims_mb"] = status_kb(agent.pid, "VmRSS")
+        kubelet = ap.Kubelet(host.endpoint)
+        t0 = time.monotonic()
+        cold = timed(claims, kubelet, "prepare")
+        say(f"cold prepare of {len(claims)} claims in {time.monotonic() - t0:.1f}s "
+            f"(p50 {statistics.median(cold):.1f} ms, first {cold[0]:.0f} ms)")
+        results["cold_prepare_p50_ms"] = statistics.median(cold)
+        results["cold_prepare_p99_ms"] = percentile(cold, 99)
+
+        timed(claims[:100], kubelet, "prepare")  # warm-up of the client's channel, not measured
+        warm = timed(claims, kubelet, "prepare")
+        results["prepare_p50_ms"] = statistics.median(warm)
+        results["prepare_p99_ms"] = percentile(warm, 99)
+        results["prepare_max_ms"] = max(warm)
+        say(f"warm prepare over {len(warm)} claims: p50 {results['prepare_p50_ms']:.2f} ms, "
+            f"p99 {results['prepare_p99_ms']:.2f} ms, max {results['prepare_max_ms']:.2f} ms")
+
+        results["rss_mb"] = status_kb(agent.pid, "VmRSS")
+        results["rss_anon_mb"] = status_kb(agent.pid, "RssAnon")
+        results["pss_mb"] = smaps_kb(agent.pid, "Pss")
+        say(f"agent RSS with {len(claims)} claims prepared: {results['rss_mb']:.1f} MB; idle for {IDLE_S:.0f}s")
+        kubelet.close()
+        results["idle_cpu_pct"] = idle_cpu(agent.pid, IDLE_S)
+        say(f"idle CPU {results['idle_cpu_pct']:.3f} %; again with the kubelet's health stream open")
+        stop = threading.Event()
+        watcher = threading.Thread(target=health_stream, args=(host.endpoint, stop), daemon=True)
+        watcher.start()
+        time.sleep(1)
+        results["idle_cpu_health_stream_pct"] = idle_cpu(agent.pid, IDLE_S)
+        stop.set()
+        watcher.join(10)
+        results["rss_hwm_mb"] = status_kb(agent.pid, "VmHWM")
+
+        kubelet = ap.Kubelet(host.endpoint)
+        results["unprepare_p50_ms"] = statistics.median(timed(claims, kubelet, "unprepare"))
+        kubelet.close()
+        left = {"cdi specs": len(host.cdi_specs()), "channel nodes": len(host.channel_nodes())}
+        if any(left.values()):
+            raise SystemExit(f"bench: left behind after unpreparing everything: {left}")
+        results["claims"] = len(claims)
+    finally:
+        if agent is not None:
+            agent.terminate()
+        if host is not None:
+            ap.stop_daemons(host)
+            ap.remove_host(host)
+        client.close()
+        cp.down()
+
+
+def main() -> int:
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="nvlb-", dir="/tmp") as tmp:
+        run(Path(tmp), results)
+    results = {k: round(v, 3) for k, v in results.items()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    for k, v in results.items():
+        target = TARGETS.get(k)
+        verdict = "" if target is None else (f"  (target {'<' if k == 'idle_cpu_pct' else '≤'} {target}: "
+                                             f"{'met' if v <= target else 'MISSED'})")
+        print(f"{k:28} {v}{verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

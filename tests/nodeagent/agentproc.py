@@ -1,0 +1,453 @@
+"""The node agent as the kubelet sees it: a separate process (`python -m nodeagent agent`, the real
+entry point) on a simulated node, and a kubelet-side gRPC client for its DRA socket.
+
+Shared by the crash and fuzz tests and by bench/nodeagent.py. A host is one simulated GB200 node
+with its own NVML topology (a random cluster UUID, so its clique is unique in a shared cluster),
+the NVML/IMEX stand-ins in its driver root, a boot id file, and its Node object in the API server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from lightkube import ApiError, Client
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import (
+    CELDeviceSelector,
+    DeviceClaim,
+    DeviceClaimConfiguration,
+    DeviceClassSpec,
+    DeviceRequest,
+    DeviceSelector,
+    ExactDeviceRequest,
+    OpaqueDeviceConfiguration,
+    ResourceClaimSpec,
+)
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
+from lightkube.types import PatchType
+
+from kubeletapi import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from nodeagent import cdi, pools
+from nodeagent.controller import ComputeDomainResource
+from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
+from sim import hardware
+from sim.nodes import SimNode, rack_nodes
+from sim.nvml import topology
+from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
+
+REPO = Path(__file__).resolve().parents[2]
+CLASS = "imex-channel.nvlfabric.io"
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class Host:
+    """One simulated node for an agent process."""
+
+    state: Path
+    node: SimNode
+    clique: str
+
+    @property
+    def boot_id(self) -> Path:
+        return self.node.dir / "boot_id"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.node.kubelet_root / "plugins" / DRIVER
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def endpoint(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def registration(self) -> Path:
+        return self.node.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.node.cdi_dirs[1]
+
+    @property
+    def channel_dir(self) -> Path:
+        return self.node.driver_root / cdi.CHANNEL_DEVICE_DIR.lstrip("/")
+
+    @property
+    def imex_workdir(self) -> Path:
+        return self.plugin_dir / "imex"
+
+    def cdi_specs(self) -> dict[str, Path]:
+        """Claim UID → our spec file in the dynamic CDI dir."""
+        prefix = f"{cdi.VENDOR}-{cdi.CLASS}_"
+        return {p.name.removeprefix(prefix).removesuffix(".json"): p
+                for p in self.cdi_dir.glob(f"{prefix}*.json")}
+
+    def channel_nodes(self) -> dict[int, Path]:
+        if not self.channel_dir.is_dir():
+            return {}
+        return {int(p.name.removeprefix("channel")): p for p in self.channel_dir.glob("channel*")}
+
+    def temp_files(self) -> list[Path]:
+        """Leftovers of interrupted atomic writes anywhere the agent writes."""
+        out: list[Path] = []
+        for d in (self.plugin_dir, self.cdi_dir, self.channel_dir):
+            if d.is_dir():
+                out += [p for p in d.iterdir() if p.name.startswith(".")]
+        if self.imex_workdir.is_dir():
+            out += [p for p in self.imex_workdir.rglob(".*") if p.is_file()]
+        return out
+
+    def imex_daemons(self) -> dict[int, str]:
+        """pid → config path of every live nvidia-imex process whose config lies under this host."""
+        out: dict[int, str] = {}
+        marker = str(self.imex_workdir).encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+                continue
+            if argv and argv[0].endswith(b"nvidia-imex") and any(a.startswith(marker) for a in argv):
+                out[int(proc.name)] = next(a.decode() for a in argv if a.startswith(marker))
+        return out
+
+
+def stop_daemons(host: Host, *, settle: float = 1.0) -> None:
+    """Kill every nvidia-imex of `host` (its config under the host, or listening on its address), until
+    none has shown up for `settle` seconds: a daemon whose agent was killed between fork and exec
+    execs after a single scan."""
+    quiet_since = time.monotonic()
+    while True:
+        pids = set(host.imex_daemons()) | _listening_imex(host.node.address)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if pids:
+            quiet_since = time.monotonic()
+        if time.monotonic() - quiet_since >= settle:
+            return
+        time.sleep(0.1)
+
+
+def _listening_imex(address: str) -> set[int]:
+    try:
+        out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    found = set()
+    for line in out.splitlines():
+        if f"{address}:" in line and '"nvidia-imex"' in line:
+            found |= {int(m) for m in re.findall(r"pid=(\d+)", line)}
+    return found
+
+
+def _address_free(address: str) -> bool:
+    """Nothing holds the IMEX ports (slot 0) on this loopback address: no other run uses this rack."""
+    for port in (50000, 50005):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError:
+                return False
+    return True
+
+
+def make_host(state: Path, racks: range) -> Host:
+    """Directories, stand-ins, topology (fabric ready, a clique of our own) and boot id of one node,
+    on the first rack of `racks` whose loopback address is free (another run of the same test on this
+    machine, or a daemon an aborted run left, holds its rack's IMEX ports)."""
+    rack = next((r for r in racks if _address_free(f"127.10.{r}.1")), None)
+    if rack is None:
+        raise RuntimeError(f"the IMEX ports of every rack address 127.10.{racks.start}-{racks.stop - 1}.1 are taken")
+    (node,) = rack_nodes(state, racks=1, nodes_per_rack=1, first_rack=rack)
+    node.prepare_dirs()
+    hardware.install_driver_root(node, hardware.build_standins())
+    rack_name = topology.rack_name(rack)
+    topo = topology.Topology(
+        racks=(topology.Rack(name=rack_name, cluster_uuid=uuid.uuid4()),),
+        nodes=(topology.Node(name=node.name, rack=rack_name,
+                             gpus=tuple(topology.gb200_gpu(node.name, i) for i in range(4))),))
+    path = hardware.topology_path(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    topo.write(path)
+    host = Host(state=state, node=node, clique=topo.clique(node.name))
+    host.boot_id.write_text(f"{uuid.uuid4()}\n")
+    return host
+
+
+def register(client: Client, host: Host, *, channels: int) -> None:
+    """The cluster side a running driver would have made: CRD, Node (Ready, in the clique), the
+    clique's channel pool, the DeviceClass."""
+    install_crd(client)
+    delete_nodes(client, [host.node.name])
+    make_ready_nodes(client, {host.node.name: {pools.CLIQUE_LABEL: host.clique}},
+                     addresses={host.node.name: host.node.address})
+    pools.apply(client, host.clique, channels=channels)
+    with contextlib.suppress(ApiError):
+        client.create(DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(selectors=[
+            DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{DRIVER}"'))])))
+
+
+def unregister(client: Client, host: Host) -> None:
+    delete_nodes(client, [host.node.name])
+    pools.withdraw(client, host.clique)
+
+
+def remove_host(host: Host) -> None:
+    """The host's directories (the node's runtime dir, when the simulator keeps one apart)."""
+    runtime = getattr(host.node, "runtime_dir", None)
+    for d in (host.state, runtime):
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def claim_spec(parameters: object) -> ResourceClaimSpec:
+    return ResourceClaimSpec(devices=DeviceClaim(
+        requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(deviceClassName=CLASS))],
+        config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(driver=DRIVER, parameters=parameters))]))
+
+
+def compute_domain(client: Client, name: str, namespace: str = "default") -> ChannelConfig:
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace=namespace), spec={}))
+    return ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace=namespace, uid=cd.metadata.uid))
+
+
+def scheduled_claim(client: Client, host: Host, name: str, parameters: object | None = None,
+                    namespace: str = "default") -> Claim:
+    """A ComputeDomain's shared claim allocated by the real scheduler for a pod on `host` (as the
+    provider makes them); `parameters` replaces the opaque config (default: the CD's valid one)."""
+    config = compute_domain(client, name, namespace)
+    claim = client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace=namespace),
+                                        spec=claim_spec(config.to_kube() if parameters is None else parameters)))
+    client.create(Pod(metadata=ObjectMeta(name=f"{name}-0", namespace=namespace), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": host.node.name},
+        resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
+        containers=[Container(name="w", image="registry.invalid/w:1",
+                              resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+    return Claim(namespace, f"{name}-channel", claim.metadata.uid)
+
+
+def allocated_claim(client: Client, host: Host, name: str, parameters: object, *, channel: int,
+                    namespace: str = "default", labels: dict[str, str] | None = None) -> Claim:
+    """A claim allocated without a pod: its status written as the scheduler would (admin only).
+    Much faster than scheduling a pod per claim; the agent reads nothing else."""
+    claim = client.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace=namespace, labels=labels),
+                                        spec=claim_spec(parameters)))
+    client.patch(ResourceClaim.Status, name, {"status": {"allocation": allocation(host, channel, parameters)}},
+                 namespace=namespace, patch_type=PatchType.MERGE)
+    return Claim(namespace, name, claim.metadata.uid)
+
+
+def allocation(host: Host, channel: int, parameters: object) -> dict[str, object]:
+    """`status.allocation` of a claim given `channel` of the host's clique pool, with the claim's
+    opaque config, as the scheduler writes it."""
+    return {"devices": {
+        "results": [{"request": "channel", "driver": DRIVER, "pool": pools.pool_name(host.clique),
+                     "device": f"channel-{channel}"}],
+        "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": pools.CLIQUE_LABEL, "operator": "In", "values": [host.clique]}]}]}}
+
+
+def wait_allocated(client: Client, claims: Sequence[Claim], timeout: float = 120) -> None:
+    for c in claims:
+        eventually(f"claim {c.ref} to be allocated", lambda c=c: client.get(
+            ResourceClaim, c.name, namespace=c.namespace).status.allocation, timeout=timeout)
+
+
+def delete_domain(client: Client, name: str, namespace: str = "default") -> None:
+    for kind, n, kw in ((Pod, f"{name}-0", {"grace_period": 0}), (ResourceClaim, f"{name}-channel", {}),
+                        (ComputeDomainResource, name, {})):
+        with contextlib.suppress(ApiError):
+            client.delete(kind, n, namespace=namespace, **kw)  # type: ignore[arg-type]
+
+
+class AgentProcess:
+    """`python -m nodeagent agent` for `host`, started and killed like the kubelet's container runtime."""
+
+    def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0) -> None:
+        self.host = host
+        self.kubeconfig = kubeconfig
+        self.resync_seconds = resync_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = host.node.dir / "agent.log"
+        self.starts = 0
+
+    def argv(self) -> list[str]:
+        n = self.host.node
+        return [sys.executable, "-m", "nodeagent", "agent", "--kubeconfig", str(self.kubeconfig),
+                "--node-name", n.name, "--node-ip", n.address, "--kubelet-root", str(n.kubelet_root),
+                "--cdi-root", str(self.host.cdi_dir), "--driver-root", str(n.driver_root),
+                "--proc-devices", str(n.proc_devices), "--boot-id", str(self.host.boot_id),
+                "--resync-seconds", str(self.resync_seconds), "--log-format", "text",
+                "--health-port", "0", "--metrics-port", "0"]
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        assert not self.alive, "the agent is already running"
+        env = {**os.environ, **hardware.node_env(self.host.state, self.host.node), "PYTHONPATH": str(REPO)}
+        with self.log.open("ab") as log:
+            log.write(f"--- start {self.starts} ---\n".encode())
+            self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        return self.proc
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.spawn()
+        self.wait_serving(timeout)
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Until the registration socket answers GetInfo, as the kubelet's plugin watcher would see it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive:
+                raise AssertionError(f"the agent exited with {self.returncode} while starting; log:\n{self.tail()}")
+            if self.host.registration.exists() and self.host.endpoint.exists():
+                try:
+                    with grpc.insecure_channel(f"unix:{self.host.registration}") as ch:
+                        pluginregistration_pb2_grpc.RegistrationStub(ch).GetInfo(
+                            pluginregistration_pb2.InfoRequest(), timeout=1)
+                    return
+                except grpc.RpcError:
+                    pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the agent did not serve within {timeout} s; log:\n{self.tail()}")
+            time.sleep(0.02)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node problem would; waits for the process to be gone."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, as the kubelet stops a container; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+Result = list[dict[str, object]] | str
+
+
+def _prepare_results(resp: dra_v1_pb2.NodePrepareResourcesResponse) -> dict[str, Result]:
+    out: dict[str, Result] = {}
+    for uid, r in resp.claims.items():
+        out[uid] = r.error if r.error else [
+            {"requests": list(d.request_names), "pool": d.pool_name, "device": d.device_name,
+             "cdi": list(d.cdi_device_ids)} for d in r.devices]
+    return out
+
+
+class Kubelet:
+    """The kubelet's side of the DRA v1 socket (a fresh channel per agent incarnation, so no
+    reconnect back-off stands between a restarted agent and the next call)."""
+
+    def __init__(self, endpoint: Path) -> None:
+        self.endpoint = endpoint
+        self._channel: grpc.Channel | None = None
+
+    def stub(self) -> dra_v1_pb2_grpc.DRAPluginStub:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(f"unix:{self.endpoint}")
+        return dra_v1_pb2_grpc.DRAPluginStub(self._channel)
+
+    def reconnect(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    @staticmethod
+    def prepare_request(claims: Sequence[Claim]) -> dra_v1_pb2.NodePrepareResourcesRequest:
+        return dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+            dra_v1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims])
+
+    @staticmethod
+    def unprepare_request(claims: Sequence[Claim]) -> dra_v1_pb2.NodeUnprepareResourcesRequest:
+        return dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[
+            dra_v1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims])
+
+    def prepare(self, claims: Sequence[Claim], timeout: float = 60) -> dict[str, Result]:
+        return _prepare_results(self.stub().NodePrepareResources(self.prepare_request(claims), timeout=timeout))
+
+    def unprepare(self, claims: Sequence[Claim], timeout: float = 60) -> dict[str, str]:
+        resp = self.stub().NodeUnprepareResources(self.unprepare_request(claims), timeout=timeout)
+        return {uid: r.error for uid, r in resp.claims.items()}
+
+    def prepare_future(self, claims: Sequence[Claim], timeout: float = 60) -> grpc.Future:
+        return self.stub().NodePrepareResources.future(self.prepare_request(claims), timeout=timeout)
+
+    def unprepare_future(self, claims: Sequence[Claim], timeout: float = 60) -> grpc.Future:
+        return self.stub().NodeUnprepareResources.future(self.unprepare_request(claims), timeout=timeout)
+
+    @staticmethod
+    def prepare_result(fut: grpc.Future) -> dict[str, Result]:
+        return _prepare_results(fut.result())
+
+    @staticmethod
+    def unprepare_result(fut: grpc.Future) -> dict[str, str]:
+        return {uid: r.error for uid, r in fut.result().claims.items()}
