@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from lightkube import ApiError
+from lightkube.types import PatchType
 
 from nodeagent.controller import ComputeDomainResource
 from tests.conftest import Cluster
@@ -51,6 +52,17 @@ def test_preview_diff_shows_an_update_and_a_replace_with_their_reasons(cluster: 
     proj.run("config", "set", "suffix", suffix)
     proj.run("up", "--yes", "--skip-preview")
     try:
+        # Somebody changes the ComputeDomain behind Pulumi's back: refresh shows it, and the next
+        # preview wants to put it back.
+        cluster.client.patch(ComputeDomainResource, f"e2e-{suffix}", {"spec": {"numNodes": 5}}, namespace="default",
+                             patch_type=PatchType.MERGE)
+        refresh = proj.run("refresh", "--yes", "--diff").stdout
+        assert "numNodes" in refresh and "5" in refresh, refresh
+        (drift,) = [s for s in proj.json("preview", "--json")["steps"] if s["urn"].endswith("::cd")]
+        assert drift["op"] == "update", drift
+        proj.run("up", "--yes", "--skip-preview")  # converges the drift back to the program's numNodes
+        live = cluster.client.get(ComputeDomainResource, f"e2e-{suffix}", namespace="default")
+        assert live["spec"]["numNodes"] == 2
         proj.run("config", "set", "numNodes", "3")
         check("preview_update_numnodes.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
         proj.run("config", "set", "imexMode", "Dedicated")
