@@ -196,7 +196,7 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     assert "channels_per_clique: Input should be less than or equal to 2048 (got 5000)" in bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
     proj.run("config", "rm", "channels")
-    proj.run("up", "--yes", "--skip-preview", timeout=120)
+    proj.run("up", "--yes", "--skip-preview", timeout=300)
     outputs = proj.json("stack", "output", "--json")
     assert outputs == {"claim_name": f"{domain}-channel", "device_class": "imex-channel.nvlfabric.io",
                        "job": domain}
@@ -217,7 +217,7 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
                                        "major": 507, "minor": channel}], rec
         assert f"NVLFABRIC_COMPUTE_DOMAIN={domain}" in rec["env"]
 
-    proj.run("destroy", "--yes", "--skip-preview", timeout=120)
+    proj.run("destroy", "--yes", "--skip-preview", timeout=300)
     assert not list(client.list(Pod, namespace="default"))
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not [p for p in client.list(Pod, namespace="nvlfabric-system")
