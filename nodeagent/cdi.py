@@ -35,12 +35,12 @@ import errno
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubeletapi.cdi import ContainerEdits, Device, DeviceNode, Spec
+from nodeagent import files
 
 __all__ = [
     "CDI_VERSION",
@@ -139,26 +139,6 @@ class SpecWrite:
     """False when the file already had exactly this content and was left alone."""
 
 
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def write_claim_spec(cdi_dir: str | os.PathLike[str], claim_uid: str, spec: Spec) -> SpecWrite:
     """Write `spec` as the claim's transient spec file in `cdi_dir`, unless it already says exactly that."""
     directory = Path(cdi_dir)
@@ -174,7 +154,7 @@ def write_claim_spec(cdi_dir: str | os.PathLike[str], claim_uid: str, spec: Spec
         raise OSError(exc.errno, f"reading the CDI spec {path}: {exc.strerror}") from exc
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, data)
+        files.atomic_write(path, data)
     except OSError as exc:
         raise OSError(exc.errno, f"writing the CDI spec {path}: {exc.strerror or exc}") from exc
     return SpecWrite(path, ids, changed=True)
