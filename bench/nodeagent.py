@@ -140,7 +140,7 @@ def run(tmp: Path, results: dict[str, float]) -> None:
     agent: ap.AgentProcess | None = None
     host: ap.Host | None = None
     try:
-        host = ap.make_host(tmp, range(245, 250))
+        host = ap.make_host(tmp / "host", range(245, 250))  # apart from cp/: remove_host deletes it
         ap.register(client, host, channels=CLAIMS)
         t0 = time.monotonic()
         claims = make_claims(client, host)

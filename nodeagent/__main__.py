@@ -23,14 +23,7 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lightkube import ApiError, Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Node
-
-from nodeagent import checkpoint, discovery, health, metrics, pools
-from nodeagent.controller import Controller
+from nodeagent import checkpoint, discovery, health, kubeapi, labels, metrics
 from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from provider.api.channelconfig import DRIVER
@@ -83,38 +76,40 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def client_from(args: argparse.Namespace, manager: str) -> Client:
+def client_from(args: argparse.Namespace, manager: str) -> kubeapi.Client:
+    """The agent's own small client (nodeagent/kubeapi.py: the agent's memory budget)."""
     if args.kubeconfig:
-        config = KubeConfig.from_file(args.kubeconfig)
-    else:
-        config = KubeConfig.from_service_account(service_account=args.service_account_dir)
-    return Client(config=config, field_manager=manager)
+        return kubeapi.Client(kubeapi.from_kubeconfig(args.kubeconfig), field_manager=manager)
+    return kubeapi.Client(kubeapi.from_service_account(args.service_account_dir), field_manager=manager)
 
 
 FABRIC_CONDITION = "NVLinkFabricReady"
 
 
-def label_node(client: Client, node: str, found: discovery.NodeDiscovery) -> None:
+def label_node(client: kubeapi.Client, node: str, found: discovery.NodeDiscovery) -> None:
     """Tell the cluster what this node's fabric is: clique label, a Node condition, and an Event
     when it is not ready (so `kubectl describe node` says why no ComputeDomain lands here)."""
-    labels: dict[str, str | None] = {pools.CLIQUE_LABEL: found.clique,
-                                     "nvlfabric.io/fabric-ready": "true" if found.fabric_ready else "false"}
-    client.patch(Node, node, {"metadata": {"labels": labels}})
+    node_labels: dict[str, str | None] = {labels.CLIQUE_LABEL: found.clique,
+                                          labels.FABRIC_READY_LABEL: "true" if found.fabric_ready else "false"}
+    client.patch(kubeapi.path("v1", "nodes", node), {"metadata": {"labels": node_labels}})
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     reason = "FabricRegistered" if found.fabric_ready else "FabricNotReady"
     message = f"NVLink clique {found.clique}" if found.fabric_ready else found.reason
-    client.patch(Node.Status, node, {"status": {"conditions": [{
+    # Strategic merge: conditions merge by type, the kubelet's own conditions stay.
+    client.patch(kubeapi.path("v1", "nodes", node, subresource="status"), {"status": {"conditions": [{
         "type": FABRIC_CONDITION, "status": "True" if found.fabric_ready else "False", "reason": reason,
-        "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        content_type=kubeapi.STRATEGIC_MERGE_PATCH)
     metrics.FABRIC_READY.set(1 if found.fabric_ready else 0)
     if not found.fabric_ready:
-        with contextlib.suppress(ApiError):
-            client.create(Event(
-                metadata=ObjectMeta(generateName=f"{node}.", namespace="default"),
-                involvedObject=ObjectReference(kind="Node", name=node, uid=node, apiVersion="v1"),
-                reason="NVLinkFabricNotReady", message=message[:1024], type="Warning",
-                source=EventSource(component="nvlfabric-agent", host=node),
-                firstTimestamp=datetime.now(UTC), lastTimestamp=datetime.now(UTC), count=1))
+        with contextlib.suppress(kubeapi.ApiError):
+            client.create(kubeapi.path("v1", "events", namespace="default"), {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{node}.", "namespace": "default"},
+                "involvedObject": {"kind": "Node", "name": node, "uid": node, "apiVersion": "v1"},
+                "reason": "NVLinkFabricNotReady", "message": message[:1024], "type": "Warning",
+                "source": {"component": "nvlfabric-agent", "host": node},
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
     if found.fabric_ready:
         log.info("node %s is in clique %s (%d GPUs)", node, found.clique, len(found.gpus))
     else:
@@ -122,7 +117,27 @@ def label_node(client: Client, node: str, found: discovery.NodeDiscovery) -> Non
                     node, found.reason)
 
 
+def tune_malloc() -> None:
+    """glibc malloc settings for a small, long-lived process with gRPC threads (the agent's 60 MB
+    budget): at most two arenas instead of eight per core, and a fixed mmap threshold, so large
+    temporary buffers (a checkpoint's text) go back to the system instead of raising the threshold
+    and staying in the heap. No-op where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
+    mallopt(m_arena_max, 2)
+    mallopt(m_mmap_threshold, 128 * 1024)
+    mallopt(m_trim_threshold, 256 * 1024)
+
+
 def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
+    tune_malloc()
     if not args.node_name or not args.node_ip:
         log.error("--node-name and --node-ip (or $NODE_NAME, $NODE_IP from the downward API) are required")
         return 2
@@ -166,8 +181,8 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
             found = current["found"] = fresh
             driver.housekeeping(clique=found.clique)
             metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
-    except ApiError as exc:
-        log.error("API server error: %s", exc.status.message)
+    except kubeapi.ApiError as exc:
+        log.error("API server error: %s", exc.message)
     finally:
         if health_server is not None:
             health_server.stop(1)
@@ -177,7 +192,17 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
 
 
 def run_controller(args: argparse.Namespace, stop: threading.Event) -> int:
-    client = client_from(args, "nvlfabric-controller")
+    # The controller (one replica per cluster) works with whole object models: lightkube.
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    from nodeagent.controller import Controller
+
+    if args.kubeconfig:
+        config = KubeConfig.from_file(args.kubeconfig)
+    else:
+        config = KubeConfig.from_service_account(service_account=args.service_account_dir)
+    client = Client(config=config, field_manager="nvlfabric-controller")
     Controller(client, channels_per_clique=args.channels_per_clique).run(stop=stop.is_set)
     return 0
 

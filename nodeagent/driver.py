@@ -43,14 +43,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceClaim
-from lightkube.types import PatchType
 from pydantic import ValidationError
 
-from nodeagent import cdi, checkpoint, imex, pools
-from nodeagent.controller import ComputeDomainResource
+from nodeagent import cdi, checkpoint, imex, kubeapi, labels
+from nodeagent.kubeapi import ApiError, Client
 from nodeagent.server import ClaimRef, PreparedDevice
 from provider.api import computedomain as api
 from provider.api.channelconfig import DRIVER, ChannelConfig
@@ -100,6 +96,13 @@ class Paths:
     @property
     def imex_workdir(self) -> Path:
         return self.plugin_dir / "imex"
+
+
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+def _cd_status_path(namespace: str, name: str) -> str:
+    return kubeapi.path(api.API_VERSION, api.PLURAL, name, namespace=namespace, subresource="status")
 
 
 def _now() -> datetime:
@@ -255,36 +258,37 @@ class ChannelDriver:
         if written.changed:
             log.warning("claim %s: its CDI spec %s was missing or different; rewritten", entry.uid, written.path)
 
-    def _get_claim(self, c: ClaimRef) -> ResourceClaim:
+    def _get_claim(self, c: ClaimRef) -> dict[str, Any]:
         try:
-            claim = self.client.get(ResourceClaim, c.name, namespace=c.namespace)
+            claim = self.client.get(kubeapi.path(RESOURCE_API, "resourceclaims", c.name, namespace=c.namespace))
         except ApiError as exc:
-            if exc.status.code == 404:
+            if exc.code == 404:
                 raise PrepareError(f"claim {claim_name(c)} does not exist (any more)") from exc
             raise
-        live_uid = claim.metadata.uid if claim.metadata else None
+        live_uid = (claim.get("metadata") or {}).get("uid")
         if live_uid != c.uid:
             raise PrepareError(f"claim {claim_name(c)} got replaced: its UID is {live_uid}, "
                                f"not the requested {c.uid}")
         return claim
 
-    def _validate(self, c: ClaimRef, claim: ResourceClaim) -> tuple[str, str, str, ChannelConfig]:
-        alloc = claim.status.allocation if claim.status else None
-        if alloc is None or alloc.devices is None:
+    def _validate(self, c: ClaimRef, claim: dict[str, Any]) -> tuple[str, str, str, ChannelConfig]:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        devices = alloc.get("devices")
+        if not devices:
             raise PrepareError(f"claim {claim_name(c)} is not allocated")
-        ours = [r for r in alloc.devices.results or [] if r.driver == DRIVER]
+        ours = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER]
         if not ours:
             raise PrepareError(f"claim {claim_name(c)} has no device of driver {DRIVER}")
-        result = ours[0]
-        number = _CHANNEL_DEVICE.match(result.device)
-        if not (result.pool.startswith("clique-") and number and int(number[1]) < checkpoint.IMEX_CHANNEL_COUNT):
-            raise PrepareError(f"claim {claim_name(c)}: device {result.pool}/{result.device} is not a channel")
-        clique = result.pool.removeprefix("clique-")
+        pool, device, request = (str(ours[0].get(k) or "") for k in ("pool", "device", "request"))
+        number = _CHANNEL_DEVICE.match(device)
+        if not (pool.startswith("clique-") and number and int(number[1]) < checkpoint.IMEX_CHANNEL_COUNT):
+            raise PrepareError(f"claim {claim_name(c)}: device {pool}/{device} is not a channel")
+        clique = pool.removeprefix("clique-")
         if clique != self.node.clique:
             raise PrepareError(f"claim {claim_name(c)} was allocated in clique {clique}, but node "
                                f"{self.node.name} is in clique {self.node.clique or '(none: fabric not ready)'}")
-        raw = [cfg.opaque.parameters for cfg in alloc.devices.config or []
-               if cfg.opaque is not None and cfg.opaque.driver == DRIVER]
+        raw = [(cfg.get("opaque") or {}).get("parameters") for cfg in devices.get("config") or []
+               if (cfg.get("opaque") or {}).get("driver") == DRIVER]
         if not raw:
             raise PrepareError(f"claim {claim_name(c)} carries no {DRIVER} configuration; create "
                                "ComputeDomains with nvlfabric (its claim names the ComputeDomain)")
@@ -307,7 +311,7 @@ class ChannelDriver:
         if not _UID.match(cd.uid):
             raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config at computeDomain.uid: "
                                f"{_show(cd.uid)} is not a valid object UID")
-        return result.pool, result.device, result.request.split("/")[0], config
+        return pool, device, request.split("/")[0], config
 
     def _channel_major(self) -> int:
         if self._major is None:
@@ -316,8 +320,8 @@ class ChannelDriver:
 
     def _clique_members(self, clique: str) -> list[str]:
         members = []
-        for n in self.client.list(Node, labels={pools.CLIQUE_LABEL: clique}):
-            addrs = {a.type: a.address for a in (n.status.addresses or [])} if n.status else {}
+        for n in self.client.list(kubeapi.path("v1", "nodes"), label_selector=f"{labels.CLIQUE_LABEL}={clique}"):
+            addrs = {a.get("type"): a.get("address") for a in (n.get("status") or {}).get("addresses") or []}
             if "InternalIP" in addrs:
                 members.append(addrs["InternalIP"])
         if self.node.address not in members:
@@ -357,13 +361,16 @@ class ChannelDriver:
         body = api.node_status_apply(config.compute_domain.name, config.compute_domain.namespace, api.NodeStatus(
             name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message))
         try:
-            self.client.patch(ComputeDomainResource.Status, config.compute_domain.name, body,
-                              namespace=config.compute_domain.namespace, patch_type=PatchType.APPLY,
-                              field_manager=f"nvlfabric-agent-{self.node.name}", force=True)
+            self.client.apply(_cd_status_path(config.compute_domain.namespace, config.compute_domain.name), body,
+                              field_manager=self._manager)
         except ApiError as exc:
             # Status is a report, not a step of prepare: the workload may run without it.
             log.warning("ComputeDomain %s/%s: could not report node status: %s", config.compute_domain.namespace,
-                        config.compute_domain.name, exc.status.message)
+                        config.compute_domain.name, exc.message)
+
+    @property
+    def _manager(self) -> str:
+        return f"nvlfabric-agent-{self.node.name}"
 
     # -- unprepare -------------------------------------------------------------------------------
 
@@ -397,12 +404,11 @@ class ChannelDriver:
         body: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.KIND,
                                 "metadata": {"name": cd_name, "namespace": namespace}, "status": {"nodes": []}}
         try:
-            self.client.patch(ComputeDomainResource.Status, cd_name, body, namespace=namespace,
-                              patch_type=PatchType.APPLY, field_manager=f"nvlfabric-agent-{self.node.name}", force=True)
+            self.client.apply(_cd_status_path(namespace, cd_name), body, field_manager=self._manager)
         except ApiError as exc:
-            if exc.status.code != 404:
+            if exc.code != 404:
                 log.warning("ComputeDomain %s/%s: could not withdraw node status: %s", namespace, cd_name,
-                            exc.status.message)
+                            exc.message)
 
     def housekeeping(self, *, clique: str | None) -> None:
         """Periodic (and once at start): follow a changed clique; drop aborted entries whose

@@ -23,9 +23,10 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.models.resource_v1 import Device, DeviceAttribute, ResourcePool, ResourceSliceSpec
 from lightkube.resources.resource_v1 import ResourceSlice
 
-DRIVER = "channel.nvlfabric.io"
-CLIQUE_LABEL = "nvlfabric.io/clique"
-POOL_LABEL = "nvlfabric.io/pool"
+from nodeagent.labels import CLIQUE_LABEL, POOL_LABEL
+from provider.api.channelconfig import DRIVER
+
+__all__ = ["CLIQUE_LABEL", "DRIVER", "POOL_LABEL"]
 MAX_DEVICES_PER_SLICE = 128
 MAX_CHANNEL = 2047  # channels are 0..2047; 0 is never handed out (see the DRA design)
 

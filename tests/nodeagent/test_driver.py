@@ -34,7 +34,7 @@ from lightkube.models.resource_v1 import (
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
-from nodeagent import checkpoint, pools
+from nodeagent import checkpoint, kubeapi, pools
 from nodeagent.controller import ComputeDomainResource
 from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import ClaimRef
@@ -55,6 +55,7 @@ class Setup:
     nodes: list[SimNode]
     drivers: dict[str, ChannelDriver]
     client: Client
+    agent_client: kubeapi.Client
 
     def paths(self, node: SimNode) -> Paths:
         boot = node.dir / "boot_id"
@@ -64,7 +65,7 @@ class Setup:
                      driver_root=node.driver_root, proc_devices=node.proc_devices, boot_id=boot)
 
     def driver(self, node: SimNode) -> ChannelDriver:
-        return ChannelDriver(client=self.client, node=NodeIdentity(node.name, node.address, self.clique),
+        return ChannelDriver(client=self.agent_client, node=NodeIdentity(node.name, node.address, self.clique),
                              paths=self.paths(node))
 
 
@@ -85,7 +86,8 @@ def setup(cluster: Cluster) -> Iterator[Setup]:
     with contextlib.suppress(ApiError):
         client.create(DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(selectors=[
             DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{DRIVER}"'))])))
-    s = Setup(clique=clique, nodes=nodes, drivers={}, client=client)
+    agent_client = kubeapi.Client(kubeapi.from_kubeconfig(cluster.kubeconfig), field_manager="nvlfabric-tests")
+    s = Setup(clique=clique, nodes=nodes, drivers={}, client=client, agent_client=agent_client)
     yield s
     for d in s.drivers.values():
         d.stop()
@@ -93,6 +95,7 @@ def setup(cluster: Cluster) -> Iterator[Setup]:
     pools.withdraw(client, clique)
     shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(runtime_root(state), ignore_errors=True)
+    agent_client.close()
 
 
 def compute_domain(s: Setup, node: SimNode) -> tuple[str, ClaimRef]:
@@ -174,7 +177,7 @@ def test_a_replaced_claim_or_a_foreign_clique_is_refused_with_the_reason(setup: 
         driver = setup.drivers[node.name] = setup.driver(node)
         stale = ClaimRef(namespace=ref.namespace, name=ref.name, uid="0000-old-uid")
         assert "got replaced" in str(driver.prepare([stale])[stale.uid])
-        other = ChannelDriver(client=setup.client, node=NodeIdentity(node.name, node.address, "elsewhere.1"),
+        other = ChannelDriver(client=setup.agent_client, node=NodeIdentity(node.name, node.address, "elsewhere.1"),
                               paths=setup.paths(node))
         msg = str(other.prepare([ref])[ref.uid])
         assert f"allocated in clique {setup.clique}" in msg and "is in clique elsewhere.1" in msg
