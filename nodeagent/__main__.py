@@ -20,11 +20,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from nodeagent import checkpoint, discovery, health, kubeapi, labels, metrics
-from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
+from nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from provider.api.channelconfig import DRIVER
 
@@ -160,9 +161,16 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
         unhealthy = [g for g in node.gpus if g.fabric.health_summary not in (None, "Healthy")]
         message = node.reason if not node.fabric_ready else "; ".join(
             f"GPU {g.index} NVLink health {g.fabric.health_summary}" for g in unhealthy)
-        return [DeviceHealth(f"clique-{node.clique}", f"channel-{ch}", node.fabric_ready and not unhealthy, message)
-                for e in driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)
-                for ch in e.allocation.channels]
+        healthy = node.fabric_ready and not unhealthy
+        out: list[DeviceHealth] = []
+        for e in driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
+            if e.allocation.device:  # the pool device the claim was allocated
+                pool, _, dev = e.allocation.device.partition("/")
+                out.append(DeviceHealth(pool, dev, healthy, message))
+            else:  # entries from before the device was recorded (allocation mode Single)
+                out.extend(DeviceHealth(f"clique-{node.clique}", f"channel-{ch}", healthy, message)
+                           for ch in e.allocation.channels)
+        return out
 
     server = PluginServer(paths=sockets, driver=driver, health=device_health)
     server.start()
@@ -170,19 +178,29 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     driver.housekeeping(clique=found.clique)
     health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
+    next_resync = time.monotonic() + args.resync_seconds
     try:
-        while not stop.wait(args.resync_seconds):
+        # Wake every resync period, and every DEDICATED_SYNC_S while dedicated IMEX domains run here
+        # (their membership changes as members join). A failed pass is logged and retried at the
+        # next one: the API server being briefly away must not stop the agent.
+        while not stop.wait(min(args.resync_seconds, DEDICATED_SYNC_S) if driver.has_dedicated()
+                            else max(0.0, next_resync - time.monotonic())):
             try:
-                fresh = discovery.discover(args.driver_root)
-            except discovery.NvmlUnavailable as exc:
-                fresh = discovery.NodeDiscovery(reason=str(exc))
-            if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
-                label_node(client, args.node_name, fresh)
-            found = current["found"] = fresh
-            driver.housekeeping(clique=found.clique)
-            metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
-    except kubeapi.ApiError as exc:
-        log.error("API server error: %s", exc.message)
+                if time.monotonic() < next_resync:
+                    driver.sync_dedicated()
+                    continue
+                next_resync = time.monotonic() + args.resync_seconds
+                try:
+                    fresh = discovery.discover(args.driver_root)
+                except discovery.NvmlUnavailable as exc:
+                    fresh = discovery.NodeDiscovery(reason=str(exc))
+                if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
+                    label_node(client, args.node_name, fresh)
+                found = current["found"] = fresh
+                driver.housekeeping(clique=found.clique)
+                metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
+            except (kubeapi.ApiError, OSError) as exc:
+                log.error("resync failed, retrying at the next one: %s", exc)
     finally:
         if health_server is not None:
             health_server.stop(1)

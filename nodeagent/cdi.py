@@ -95,6 +95,14 @@ def _check_channels(channels: Iterable[int]) -> list[int]:
     return chosen
 
 
+def channel_list(channels: Sequence[int]) -> str:
+    """Sorted channels as the env var shows them: `7`, `3,9`, or a run as `0-2047` (allocation mode
+    All would otherwise put 2048 numbers into every container's environment)."""
+    if len(channels) > 2 and channels[-1] - channels[0] == len(channels) - 1:
+        return f"{channels[0]}-{channels[-1]}"
+    return ",".join(str(c) for c in channels)
+
+
 def _check_uid(claim_uid: str) -> str:
     if not _UID.match(claim_uid):
         raise ValueError(f"claim UID {claim_uid!r} cannot be part of a CDI device or file name")
@@ -123,7 +131,7 @@ def claim_spec(*, claim_uid: str, channels: Sequence[int], major: int, compute_d
     chosen = _check_channels(channels)
     nodes = [DeviceNode(path=channel_path(c), type="c", major=major, minor=c) for c in chosen]
     edits = ContainerEdits(
-        env=[f"{ENV_COMPUTE_DOMAIN}={compute_domain}", f"{ENV_CHANNEL}={','.join(str(c) for c in chosen)}"],
+        env=[f"{ENV_COMPUTE_DOMAIN}={compute_domain}", f"{ENV_CHANNEL}={channel_list(chosen)}"],
         device_nodes=nodes,
     )
     device = Device(name=device_name(claim_uid, chosen), container_edits=edits)

@@ -33,6 +33,7 @@ fsync of the directory). Version 1 (shown indented):
           "computeDomain": {"uid": "...", "name": "..."},
           "channels": [5],               # IMEX channel numbers, sorted
           "imexDomainId": "...",
+          "device": "<pool>/<device>",   # the allocated pool device (optional, added in v1)
           "cdi": {"specFile": "...", "deviceIds": ["..."]},      # once completed
           "startedAt": "<RFC 3339>", "completedAt": "...", "abortedAt": "..."   # the ones that apply
         }
@@ -160,6 +161,15 @@ class Allocation(_Frozen):
     channels: tuple[Channel, ...] = Field(min_length=1)
     """IMEX channels, sorted and unique (one for allocation mode Single, the CD's set for All)."""
     imex_domain_id: NonEmpty
+    device: str = ""
+    """The allocated pool device, `<pool>/<device>` (e.g. `clique-<id>/channel-5`): what the kubelet's
+    health stream names. Empty in entries written before it was recorded."""
+
+    def same_as(self, other: Allocation) -> bool:
+        """Equal, where an entry written before devices were recorded matches on the rest."""
+        if not (self.device and other.device):
+            return self.model_copy(update={"device": ""}) == other.model_copy(update={"device": ""})
+        return self == other
 
     @field_validator("channels")
     @classmethod
@@ -278,9 +288,9 @@ def start_prepare(cp: Checkpoint, claim: ClaimRef, allocation: Allocation, *, no
             raise InvalidTransition(claim.uid, current.state, "start prepare",
                                     "already prepared; return the recorded devices")
         expires = current.expires_at()
-        if expires is not None and now < expires and current.allocation == allocation:
+        if expires is not None and now < expires and current.allocation.same_as(allocation):
             raise StalePrepareRejected(claim.uid, expires - now)
-        if current.state is ClaimState.PREPARE_STARTED and current.allocation == allocation:
+        if current.state is ClaimState.PREPARE_STARTED and current.allocation.same_as(allocation):
             started_at = current.started_at
     return cp._with(ClaimEntry(claim=claim, state=ClaimState.PREPARE_STARTED, allocation=allocation,
                                started_at=started_at))
@@ -355,6 +365,7 @@ class ClaimV1(_Lenient):
     compute_domain: ComputeDomainRefV1 = Field(alias="computeDomain")
     channels: list[int]
     imex_domain_id: str = Field(alias="imexDomainId")
+    device: str | None = None
     cdi: CdiV1 | None = None
     started_at: datetime = Field(alias="startedAt")
     completed_at: datetime | None = Field(default=None, alias="completedAt")
@@ -376,7 +387,8 @@ def _entry_to_v1(entry: ClaimEntry) -> ClaimV1:
         namespace=entry.claim.namespace, name=entry.claim.name, state=entry.state.value,
         compute_domain=ComputeDomainRefV1(uid=entry.allocation.compute_domain_uid,
                                           name=entry.allocation.compute_domain_name),
-        channels=list(entry.allocation.channels), imex_domain_id=entry.allocation.imex_domain_id, cdi=cdi,
+        channels=list(entry.allocation.channels), imex_domain_id=entry.allocation.imex_domain_id,
+        device=entry.allocation.device or None, cdi=cdi,
         started_at=entry.started_at, completed_at=entry.completed_at, aborted_at=entry.aborted_at,
     )
 
@@ -387,7 +399,8 @@ def _entry_from_v1(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
         claim=ClaimRef(uid=uid, namespace=v1.namespace, name=v1.name),
         state=ClaimState(v1.state),
         allocation=Allocation(compute_domain_uid=v1.compute_domain.uid, compute_domain_name=v1.compute_domain.name,
-                              channels=tuple(v1.channels), imex_domain_id=v1.imex_domain_id),
+                              channels=tuple(v1.channels), imex_domain_id=v1.imex_domain_id,
+                              device=v1.device or ""),
         cdi_spec_file=v1.cdi.spec_file if v1.cdi else "",
         cdi_device_ids=tuple(v1.cdi.device_ids) if v1.cdi else (),
         started_at=v1.started_at, completed_at=v1.completed_at, aborted_at=v1.aborted_at,

@@ -6,7 +6,10 @@ One replica per cluster (same image as the node agent). Each pass it
 - for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
   the `Ready` condition and `observedGeneration` from the node agents' entries and the channel
   claim's allocation, and writes only those fields with server-side apply under its own field
-  manager: the agents' `status.nodes` entries stay theirs.
+  manager: the agents' `status.nodes` entries stay theirs;
+- gives each `imexMode: Dedicated` domain an IMEX port slot (`status.imexPortSlot`) once its
+  clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
+  every member starts its daemon on the same ports without talking to the others.
 
 Reconciliation is level-based (a full pass every few seconds), so a missed event never leaves a
 domain stale; `summarize` is pure and table-tested.
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube import ApiError, Client
@@ -45,14 +49,57 @@ def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
     return None
 
 
+@dataclass(frozen=True)
+class SlotRequest:
+    """A dedicated ComputeDomain as slot assignment sees it."""
+
+    key: str  # namespace/name
+    clique: str | None  # None until its claim is allocated
+    slot: int | None  # what its status says now
+    created: str = ""  # creationTimestamp: the older domain keeps a contested slot
+
+
+def assign_port_slots(domains: Sequence[SlotRequest]) -> dict[str, int | None]:
+    """IMEX port slots for dedicated domains (pure): per clique, a slot already held stays (the
+    members' daemons run on it); a domain without one gets the lowest free slot 1..99; None when
+    its clique is unknown or every slot is taken. Two holders of one slot (two controllers raced)
+    are settled for the older domain."""
+    out: dict[str, int | None] = {}
+    by_clique: dict[str, list[SlotRequest]] = {}
+    for d in domains:
+        if d.clique is None:
+            out[d.key] = None
+        else:
+            by_clique.setdefault(d.clique, []).append(d)
+    for group in by_clique.values():
+        group.sort(key=lambda d: (d.created, d.key))
+        taken: set[int] = set()
+        waiting: list[SlotRequest] = []
+        for d in group:
+            if d.slot is not None and 1 <= d.slot <= api.MAX_IMEX_PORT_SLOT and d.slot not in taken:
+                taken.add(d.slot)
+                out[d.key] = d.slot
+            else:
+                waiting.append(d)
+        free = (n for n in range(1, api.MAX_IMEX_PORT_SLOT + 1) if n not in taken)
+        for d in waiting:
+            out[d.key] = next(free, None)
+    return out
+
+
 def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
-              allocation: tuple[str, int] | None, *, now: Any = None) -> dict[str, Any]:
+              allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None) -> dict[str, Any]:
     """The controller-owned status fields for one domain (pure)."""
     nodes = status.nodes
     ready = [n for n in nodes if n.ready]
     previous = status.phase
+    dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
     if allocation is None:
         phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
+    elif dedicated and port_slot is None:
+        phase, reason = api.Phase.FAILED, "NoIMEXPortSlot"
+        message = (f"every IMEX port slot (1-{api.MAX_IMEX_PORT_SLOT}) of clique {allocation[0]} is held by another "
+                   "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
     elif nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
         phase, reason, message = api.Phase.READY, "AllMembersReady", f"{len(ready)} of {len(nodes)} nodes ready"
     else:
@@ -74,7 +121,13 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
     }
     if allocation is not None:
         out["clique"], out["channel"] = allocation
+    if dedicated and port_slot is not None:
+        out["imexPortSlot"] = port_slot
     return out
+
+
+def _key(cd: api.ComputeDomain) -> str:
+    return f"{cd.metadata.namespace or 'default'}/{cd.metadata.name}"
 
 
 class Controller:
@@ -113,26 +166,40 @@ class Controller:
         return cliques
 
     def reconcile_domains(self) -> None:
+        seen: list[tuple[Any, api.ComputeDomain, tuple[str, int] | None]] = []
+        obj: Any
         for obj in self.client.list(ComputeDomainResource, namespace="*"):
+            meta = obj.metadata
             try:
-                self._reconcile_domain(obj)
+                cd = api.ComputeDomain.model_validate(obj.to_dict())
+                seen.append((obj, cd, allocation_of(self._claim(cd))))
             except (ApiError, ValueError) as exc:
-                meta = obj.metadata
                 log.warning("ComputeDomain %s/%s: %s", meta.namespace if meta else "?", meta.name if meta else "?", exc)
+        slots = assign_port_slots([
+            SlotRequest(_key(cd), alloc[0] if alloc else None, cd.status.imex_port_slot if cd.status else None,
+                        str(obj.metadata.creationTimestamp or "") if obj.metadata else "")
+            for obj, cd, alloc in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
+        for obj, cd, alloc in seen:
+            try:
+                self._reconcile_domain(obj, cd, alloc, slots.get(_key(cd)))
+            except (ApiError, ValueError) as exc:
+                log.warning("ComputeDomain %s: %s", _key(cd), exc)
 
-    def _reconcile_domain(self, obj: Any) -> None:
-        cd = api.ComputeDomain.model_validate(obj.to_dict())
-        name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
-        claim_name = api.channel_claim_name(name, cd.spec)
+    def _claim(self, cd: api.ComputeDomain) -> ResourceClaim | None:
         try:
-            claim: ResourceClaim | None = self.client.get(ResourceClaim, claim_name, namespace=namespace)
+            return self.client.get(ResourceClaim, api.channel_claim_name(cd.metadata.name, cd.spec),
+                                   namespace=cd.metadata.namespace or "default")
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
-            claim = None
+            return None
+
+    def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocation: tuple[str, int] | None,
+                          port_slot: int | None) -> None:
+        name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
         generation = int((obj.metadata.generation if obj.metadata else None) or 0)
-        summary = summarize(cd.spec, status, generation, allocation_of(claim))
+        summary = summarize(cd.spec, status, generation, allocation, port_slot=port_slot)
         current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \
                 [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \

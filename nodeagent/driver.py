@@ -13,8 +13,13 @@ Prepare, per claim (all calls serialised under one lock; the kubelet may call co
    hold a result of our driver from a clique pool, and that clique must be this node's;
 3. decode our opaque config strictly (provider/api/channelconfig.py);
 4. record PrepareStarted in the checkpoint (before any side effect);
-5. make sure the IMEX domain the claim needs runs here and is READY (clique-scoped: the clique's
-   persistent domain, members = the clique's Nodes; dedicated: not built yet → clear error);
+5. make sure the IMEX domain the claim needs runs here and is READY. Clique-scoped: the clique's
+   persistent domain on the default ports, members = the clique's Nodes. Dedicated: the domain's
+   own daemon `cd-<uid>` on the port slot the controller recorded in `status.imexPortSlot`,
+   members = the addresses in the domain's `status.nodes` (this agent first reports its own entry,
+   not ready, so the others learn its address; membership changes reach running daemons by
+   SIGUSR1 within `DEDICATED_SYNC_S`). Allocation mode All hands every channel 0..2047 to the pod
+   (only in a dedicated domain, where no other domain's memory is reachable);
 6. create the channel device node under the driver root (major from /proc/devices), write the CDI
    spec atomically;
 7. record PrepareCompleted, report this node's entry in the ComputeDomain's status.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +59,8 @@ from provider.api.channelconfig import DRIVER, ChannelConfig
 
 log = logging.getLogger("nvlfabric.nodeagent.driver")
 KUBELET_BUDGET_S = 45.0
+DEDICATED_SYNC_S = 2.0  # how often dedicated domains' membership is re-read while any runs here
+SLOT_WAIT_S = 10.0  # how long a prepare waits for the controller to assign a dedicated domain's port slot
 IMEX_READY_BUDGET_S = 30.0  # leaves the rest of the kubelet's 45 s for the other steps
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$")
@@ -201,13 +209,18 @@ class ChannelDriver:
         pool, device, request, config = self._validate(c, claim)
         channel = int(device.removeprefix("channel-"))
         clique = pool.removeprefix("clique-")
-        domain_id = f"clique-{clique}" if config.imex_mode is api.IMEXMode.CLIQUE_SCOPED else \
-            f"cd-{config.compute_domain.uid}"
+        dedicated = config.imex_mode is api.IMEXMode.DEDICATED
+        domain_id = f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{clique}"
+        every = config.channel_allocation_mode is api.ChannelAllocationMode.ALL
+        if every and not dedicated:  # the CRD refuses this too; a hand-made claim is refused here
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config: channelAllocationMode All needs "
+                               "imexMode Dedicated (in the clique's shared IMEX domain channels isolate domains)")
         allocation = checkpoint.Allocation(
             compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
-            channels=(channel,), imex_domain_id=domain_id)
+            channels=tuple(range(checkpoint.IMEX_CHANNEL_COUNT)) if every else (channel,), imex_domain_id=domain_id,
+            device=f"{pool}/{device}")
         if entry is not None and entry.state is not checkpoint.ClaimState.PREPARE_ABORTED \
-                and entry.allocation != allocation:
+                and not entry.allocation.same_as(allocation):
             # Deallocated and allocated anew (same UID) while prepared or half-prepared here: the old
             # channel's node and spec go, the new allocation is prepared from scratch.
             log.warning("claim %s: allocation changed from channels %s to %s; preparing the new one", claim_name(c),
@@ -220,23 +233,24 @@ class ChannelDriver:
             self._restore(entry)
             answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
             return answer
-        if config.imex_mode is api.IMEXMode.DEDICATED:  # refused before anything is recorded
-            raise PrepareError(f"claim {claim_name(c)}: imexMode Dedicated is not supported by this agent version "
-                               "yet; use CliqueScoped (the default)")
         ref = checkpoint.ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name)
         try:
             self._save(checkpoint.start_prepare(self.state, ref, allocation, now=self.clock()))
         except checkpoint.StalePrepareRejected as exc:
             raise PrepareError(f"claim {claim_name(c)}: {exc}") from exc
-        self._ensure_clique_domain(clique, domain_id, deadline)
+        cd = config.compute_domain
+        if dedicated:
+            self._ensure_dedicated_domain(cd.namespace, cd.name, cd.uid, domain_id, deadline)
+        else:
+            self._ensure_clique_domain(clique, domain_id, deadline)
         major = self._channel_major()
-        cdi.channel_device_node(self.paths.driver_root, channel, major)
-        spec = cdi.claim_spec(claim_uid=c.uid, channels=[channel], major=major,
-                              compute_domain=config.compute_domain.name)
+        for ch in allocation.channels:
+            cdi.channel_device_node(self.paths.driver_root, ch, major)
+        spec = cdi.claim_spec(claim_uid=c.uid, channels=allocation.channels, major=major, compute_domain=cd.name)
         written = cdi.write_claim_spec(self.paths.cdi_dir, c.uid, spec)
         self._save(checkpoint.complete_prepare(self.state, c.uid, cdi_spec_file=str(written.path),
                                                cdi_device_ids=written.device_ids, now=self.clock()))
-        self._report(config, ready=True, message=None)
+        self._report(cd.namespace, cd.name, ready=True, message=None)
         entry = self.state.get(c.uid)
         assert entry is not None
         answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
@@ -328,13 +342,80 @@ class ChannelDriver:
             members.append(self.node.address)
         return members
 
-    def _domain(self, domain_id: str) -> imex.ImexDomain:
+    def _domain(self, domain_id: str, slot: int = 0) -> imex.ImexDomain:
         domain = self._domains.get(domain_id)
+        ports = imex.ports_for_slot(slot)
+        if domain is not None and ports.server != domain.config.SERVER_PORT:
+            domain.stop()  # cannot happen while the controller keeps slots; if it did, follow the status
+            domain = None
         if domain is None:
             domain = imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir,
-                                     driver_root=self.paths.driver_root, bind_address=self.node.address)
+                                     driver_root=self.paths.driver_root, bind_address=self.node.address,
+                                     server_port=ports.server, cmd_port=ports.cmd)
             self._domains[domain_id] = domain
         return domain
+
+    def _dedicated_view(self, namespace: str, name: str, uid: str) -> tuple[int | None, list[str]]:
+        """(port slot, member addresses) of a dedicated domain, from its status."""
+        try:
+            obj = self.client.get(kubeapi.path(api.API_VERSION, api.PLURAL, name, namespace=namespace))
+        except ApiError as exc:
+            if exc.code == 404:
+                raise PrepareError(f"ComputeDomain {namespace}/{name} does not exist (any more)") from exc
+            raise
+        if (obj.get("metadata") or {}).get("uid") != uid:
+            raise PrepareError(f"ComputeDomain {namespace}/{name} got replaced: its UID is not {uid}")
+        status = api.ComputeDomainStatus.model_validate(obj.get("status") or {})
+        members = {n.address for n in status.nodes if n.address} | {self.node.address}
+        return status.imex_port_slot, sorted(members)
+
+    def _ensure_dedicated_domain(self, namespace: str, name: str, uid: str, domain_id: str, deadline: float) -> None:
+        # Our entry first (not ready): the address is how the other members learn of this node.
+        self._report(namespace, name, ready=False, message="joining the ComputeDomain's dedicated IMEX domain")
+        slot, members = self._dedicated_view(namespace, name, uid)
+        waited_until = time.monotonic() + min(SLOT_WAIT_S, deadline - time.monotonic())
+        while slot is None and time.monotonic() < waited_until:
+            time.sleep(0.25)
+            slot, members = self._dedicated_view(namespace, name, uid)
+        if slot is None:
+            raise PrepareError(f"ComputeDomain {namespace}/{name} has no IMEX port slot yet (status.imexPortSlot, set "
+                               "by the nvlfabric controller; is it running?); the kubelet will retry")
+        domain = self._domain(domain_id, slot)
+        try:
+            if domain.poll() is not None or domain.pid is None:
+                domain.ensure_running(members)
+            else:
+                domain.update_members(members)
+            budget = min(IMEX_READY_BUDGET_S, deadline - time.monotonic())
+            if budget <= 0:
+                raise imex.ImexNotReady("no time left in the kubelet's 45 s budget", domain.query())
+            domain.wait_ready(budget)
+        except imex.ImexError as exc:
+            raise PrepareError(f"dedicated IMEX daemon of ComputeDomain {namespace}/{name} on node {self.node.name} "
+                               f"is not ready yet ({exc}); the kubelet will retry") from exc
+
+    def _release_domain(self, entry: checkpoint.ClaimEntry) -> None:
+        """Stop a dedicated domain's daemon once no claim here needs it (the clique's domain stays)."""
+        domain_id = entry.allocation.imex_domain_id
+        if not domain_id.startswith("cd-") or any(
+                e.allocation.imex_domain_id == domain_id and e.uid != entry.uid
+                and e.state is not checkpoint.ClaimState.PREPARE_ABORTED for e in self.state.claims):
+            return
+        domain = self._domains.pop(domain_id, None)
+        if domain is not None:
+            domain.stop()
+        else:  # an earlier agent process started it: its files (and any daemon) by path
+            imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir, driver_root=self.paths.driver_root,
+                            bind_address=self.node.address).stop_leftover()
+        shutil.rmtree(self.paths.imex_workdir / domain_id, ignore_errors=True)
+
+    def has_dedicated(self) -> bool:
+        return any(d.startswith("cd-") for d in self._domains)
+
+    def sync_dedicated(self) -> None:
+        """Between resyncs, while dedicated domains run here: follow their membership (SIGUSR1)."""
+        with self._lock:
+            self._keep_domains_running(dedicated_only=True)
 
     def _ensure_clique_domain(self, clique: str, domain_id: str, deadline: float) -> None:
         domain = self._domain(domain_id)
@@ -356,17 +437,15 @@ class ChannelDriver:
         checkpoint.save(self.paths.checkpoint, cp)
         self.state = cp
 
-    def _report(self, config: ChannelConfig, *, ready: bool, message: str | None) -> None:
+    def _report(self, namespace: str, name: str, *, ready: bool, message: str | None) -> None:
         """This node's own entry in the ComputeDomain's status (server-side apply, own manager)."""
-        body = api.node_status_apply(config.compute_domain.name, config.compute_domain.namespace, api.NodeStatus(
+        body = api.node_status_apply(name, namespace, api.NodeStatus(
             name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message))
         try:
-            self.client.apply(_cd_status_path(config.compute_domain.namespace, config.compute_domain.name), body,
-                              field_manager=self._manager)
+            self.client.apply(_cd_status_path(namespace, name), body, field_manager=self._manager)
         except ApiError as exc:
             # Status is a report, not a step of prepare: the workload may run without it.
-            log.warning("ComputeDomain %s/%s: could not report node status: %s", config.compute_domain.namespace,
-                        config.compute_domain.name, exc.message)
+            log.warning("ComputeDomain %s/%s: could not report node status: %s", namespace, name, exc.message)
 
     @property
     def _manager(self) -> str:
@@ -382,6 +461,7 @@ class ChannelDriver:
         # Side effects first, the checkpoint entry last: killed anywhere in between, the entry is
         # still there and the kubelet's retry finishes the job (nothing is left that no entry names).
         self._undo(entry)
+        self._release_domain(entry)
         if entry.state is checkpoint.ClaimState.PREPARE_STARTED:
             self._save(checkpoint.abort(self.state, c.uid, now=self.clock()))
             return
@@ -422,24 +502,35 @@ class ChannelDriver:
                 self._save(cp)
             self._keep_domains_running()
 
-    def _keep_domains_running(self) -> None:
-        """The IMEX domains of prepared claims run here, with the clique's current members (started
-        again after an agent restart or a daemon crash, SIGUSR1 on a membership change)."""
-        needed = {e.allocation.imex_domain_id for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)}
-        for domain_id in sorted(needed):
-            clique = domain_id.removeprefix("clique-")
-            if not domain_id.startswith("clique-") or clique != self.node.clique:
-                continue  # dedicated domains are not built yet; a former clique has no members here
+    def _keep_domains_running(self, *, dedicated_only: bool = False) -> None:
+        """The IMEX domains of prepared claims run here, with their current members (started again
+        after an agent restart or a daemon crash, SIGUSR1 on a membership change)."""
+        needed: dict[str, checkpoint.ClaimEntry] = {}
+        for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
+            needed.setdefault(e.allocation.imex_domain_id, e)
+        for domain_id, entry in sorted(needed.items()):
             try:
-                domain = self._domain(domain_id)
-                members = self._clique_members(clique)
+                if domain_id.startswith("cd-"):
+                    a = entry.allocation
+                    slot, members = self._dedicated_view(entry.claim.namespace, a.compute_domain_name,
+                                                         a.compute_domain_uid)
+                    if slot is None:
+                        continue
+                    domain = self._domain(domain_id, slot)
+                elif dedicated_only:
+                    continue
+                else:
+                    clique = domain_id.removeprefix("clique-")
+                    if clique != self.node.clique:
+                        continue  # a former clique has no members here
+                    domain, members = self._domain(domain_id), self._clique_members(clique)
                 if domain.poll() is not None or domain.pid is None:
                     log.warning("IMEX domain %s: daemon not running (exit status %s); starting it", domain_id,
                                 domain.poll())
                     domain.ensure_running(members)
                 elif domain.update_members(members):
                     log.info("IMEX domain %s: members now %s", domain_id, ", ".join(domain.members))
-            except (ApiError, OSError, ValueError, imex.ImexError) as exc:
+            except (ApiError, OSError, ValueError, imex.ImexError, PrepareError) as exc:
                 log.warning("IMEX domain %s: %s", domain_id, exc)
 
     def stop(self) -> None:

@@ -420,6 +420,10 @@ class ImexDomain:
             )
         _atomic_write(self.pid_path, f"{self._proc.pid}\n")
 
+    def stop_leftover(self) -> None:
+        """Stop a daemon of this domain that an earlier agent process started (no handle here)."""
+        self._kill_stale()
+
     def _kill_stale(self) -> None:
         """A daemon of this domain left by an earlier agent process (which was killed) holds the ports.
 

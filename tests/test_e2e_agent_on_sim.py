@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import socket
 import tempfile
 import urllib.request
 import uuid
@@ -70,10 +71,14 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def domain(client: Client, name: str, nodes: list[str]) -> None:
-    """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node."""
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
-    config = ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace="default", uid=cd.metadata.uid))
+def domain(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None) -> str:
+    """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node;
+    returns the domain's UID."""
+    spec = spec or {}
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
+    config = ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace="default", uid=cd.metadata.uid),
+                           imex_mode=spec.get("imexMode", "CliqueScoped"),
+                           channel_allocation_mode=spec.get("channelAllocationMode", "Single"))
     client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace="default"),
                                 spec=ResourceClaimSpec(devices=DeviceClaim(
                                     requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
@@ -86,6 +91,7 @@ def domain(client: Client, name: str, nodes: list[str]) -> None:
             resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
             containers=[Container(name="worker", image="registry.invalid/train:1",
                                   resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+    return str(cd.metadata.uid)
 
 
 def edits(state: Path, node: str, pod: str) -> dict[str, object]:
@@ -134,6 +140,57 @@ def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlan
             eventually("the pods to be removed after unprepare", lambda cd=cd, i=i: _gone(client, f"{cd}-{i}"))
     for node in names:
         assert not list((cp.state_dir / "nodes" / node / "cdi" / "run").glob("k8s.channel.nvlfabric.io-claim_*"))
+
+
+def _listening(address: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
+        return True
+    return False
+
+
+def test_a_dedicated_domain_with_all_channels_gets_its_own_imex_daemons(sim: tuple[ControlPlane, Client]) -> None:
+    """imexMode Dedicated + channelAllocationMode All over two nodes: the controller assigns a port
+    slot, each member runs the domain's own daemon there with both members in its nodes file, every
+    pod gets all 2048 channels, and the daemons stop with the last pod."""
+    cp, client = sim
+    nodes = {n.name: n for n in cp.nodes()}
+    names = sorted(nodes)[1:3]
+    eventually("the agents to label their Nodes", lambda: all(
+        (client.get(Node, n).metadata.labels or {}).get(pools.CLIQUE_LABEL) for n in names), timeout=90)
+    name = f"d-{uuid.uuid4().hex[:5]}"
+    uid = domain(client, name, names, {"imexMode": "Dedicated", "channelAllocationMode": "All", "numNodes": 2})
+    try:
+        for i in range(2):
+            eventually(f"pod {name}-{i} to run", lambda i=i: (
+                client.get(Pod, f"{name}-{i}", namespace="default").status.phase == "Running"), timeout=120)
+        status = eventually("the dedicated domain to be Ready", lambda: (
+            s if (s := client.get(ComputeDomainResource, name, namespace="default").status or {}).get("phase")
+            == "Ready" else None), timeout=60)
+        slot = status["imexPortSlot"]
+        assert 1 <= slot <= 99
+        addresses = sorted(nodes[n].address for n in names)
+        for i, node in enumerate(names):
+            rec = edits(cp.state_dir, node, f"{name}-{i}")
+            devices = {d["path"] for d in rec["deviceNodes"]}  # type: ignore[attr-defined]
+            assert len(devices) == 2048
+            assert {"/dev/nvidia-caps-imex-channels/channel0", "/dev/nvidia-caps-imex-channels/channel2047"} <= devices
+            assert "NVLFABRIC_IMEX_CHANNEL=0-2047" in rec["env"]  # type: ignore[operator]
+            domain_dir = nodes[node].kubelet_root / "plugins" / DRIVER / "imex" / f"cd-{uid}"
+            eventually(f"{node}'s dedicated daemon to know both members", lambda d=domain_dir: (
+                (d / "nodes.cfg").read_text().split() == addresses))
+            assert f"SERVER_PORT={50000 + 10 * slot}" in (domain_dir / "config.cfg").read_text()
+            assert _listening(nodes[node].address, 50000 + 10 * slot)
+    finally:
+        for i in range(2):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, f"{name}-{i}", namespace="default")
+    for i in range(2):
+        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"))
+    for node in names:
+        assert not _listening(nodes[node].address, 50000 + 10 * slot), "the dedicated daemon outlived its pods"
+        assert not (nodes[node].kubelet_root / "plugins" / DRIVER / "imex" / f"cd-{uid}").exists()
+    client.delete(ComputeDomainResource, name, namespace="default")
+    client.delete(ResourceClaim, f"{name}-channel", namespace="default")
 
 
 def _gone(client: Client, pod: str) -> bool:

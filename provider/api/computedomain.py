@@ -63,6 +63,9 @@ CLIQUE = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{
 CLIQUE_MAX = 47
 #: IMEX channels are /dev/nvidia-caps-imex-channels/channel0..channel2047.
 MAX_CHANNEL = 2047
+#: Dedicated IMEX domains use port slots 1..99 (slot 0, the IMEX default ports, is the clique's
+#: persistent domain); see nodeagent/imex.py.
+MAX_IMEX_PORT_SLOT = 99
 #: The shared channel ResourceClaim is named `<cd name><CHANNEL_CLAIM_SUFFIX>` unless
 #: `spec.channelClaim.name` says otherwise.
 CHANNEL_CLAIM_SUFFIX = "-channel"
@@ -312,6 +315,12 @@ class ComputeDomainStatus(_Status):
                                 description="The IMEX channel number allocated to this ComputeDomain in its "
                                             "clique (unique among the clique's ComputeDomains).",
                                 json_schema_extra={"format": "int32"})
+    imex_port_slot: int | None = Field(
+        None, alias="imexPortSlot", ge=1, le=MAX_IMEX_PORT_SLOT,
+        description="imexMode Dedicated only: the IMEX port slot of this ComputeDomain's own IMEX domain "
+                    "(peer port 50000+10*slot, command port 50005+10*slot), assigned by the controller once "
+                    "the clique is known, unique among the clique's dedicated ComputeDomains, never changed.",
+        json_schema_extra={"format": "int32"})
     nodes: list[NodeStatus] = Field(
         default_factory=list,
         description="One entry per member node, keyed by name; each node's agent owns its own entry "

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from lightkube import ApiError
 from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
@@ -27,7 +29,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 from lightkube.types import PatchType
 
 from nodeagent import pools
-from nodeagent.controller import ComputeDomainResource, Controller, summarize
+from nodeagent.controller import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
 from provider.api import computedomain as api
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
@@ -157,3 +159,47 @@ def test_uninstalling_the_driver_withdraws_the_pools(cluster: Cluster, clique_no
                lambda: not pools.existing_slices(client, clique), timeout=60)
     ctl.reconcile_pools()  # without the DeviceClass nothing is published again
     assert not pools.existing_slices(client, clique)
+
+
+# ----------------------------------------------------------------------------------------------
+# IMEX port slots of dedicated domains
+
+slot_requests = st.lists(st.builds(
+    SlotRequest, key=st.text("abcdef", min_size=1, max_size=4), clique=st.sampled_from([None, "c.1", "c.2"]),
+    slot=st.one_of(st.none(), st.integers(min_value=-1, max_value=101)), created=st.sampled_from(["t1", "t2", "t3"])),
+    max_size=40, unique_by=lambda r: r.key)
+
+
+@given(slot_requests)
+def test_port_slots_are_unique_per_clique_and_held_slots_stay(requests: list[SlotRequest]) -> None:
+    out = assign_port_slots(requests)
+    assert set(out) == {r.key for r in requests}
+    for clique in ("c.1", "c.2"):
+        mine = [r for r in requests if r.clique == clique]
+        given_slots = [out[r.key] for r in mine if out[r.key] is not None]
+        assert len(given_slots) == len(set(given_slots)), "two dedicated domains of one clique share a slot"
+        assert all(1 <= s <= api.MAX_IMEX_PORT_SLOT for s in given_slots)
+        # every domain gets a slot while slots last
+        assert len(given_slots) == min(len(mine), api.MAX_IMEX_PORT_SLOT)
+        # a valid slot held by exactly one domain of the clique is kept
+        held = [r.slot for r in mine if r.slot is not None and 1 <= r.slot <= api.MAX_IMEX_PORT_SLOT]
+        for r in mine:
+            if r.slot is not None and held.count(r.slot) == 1 and 1 <= r.slot <= api.MAX_IMEX_PORT_SLOT:
+                assert out[r.key] == r.slot
+    assert all(out[r.key] is None for r in requests if r.clique is None)
+
+
+def test_a_new_dedicated_domain_gets_the_lowest_free_slot_and_a_contested_slot_goes_to_the_older() -> None:
+    out = assign_port_slots([SlotRequest("ns/a", "c.1", 1, "t1"), SlotRequest("ns/b", "c.1", None, "t2"),
+                             SlotRequest("ns/c", "c.1", 3, "t3"), SlotRequest("ns/d", "c.1", 3, "t2"),
+                             SlotRequest("ns/e", "c.2", None, "t1")])
+    assert out == {"ns/a": 1, "ns/d": 3, "ns/b": 2, "ns/c": 4, "ns/e": 1}
+
+
+def test_a_dedicated_domain_without_a_free_slot_fails_naming_the_way_out() -> None:
+    spec = api.ComputeDomainSpec(imexMode=api.IMEXMode.DEDICATED)
+    out = summarize(spec, api.ComputeDomainStatus(), 1, ("c.1", 5), port_slot=None, now=T0)
+    assert out["phase"] == "Failed" and "imexPortSlot" not in out
+    assert "CliqueScoped" in out["conditions"][0]["message"]
+    ok = summarize(spec, api.ComputeDomainStatus(), 1, ("c.1", 5), port_slot=7, now=T0)
+    assert ok["imexPortSlot"] == 7 and ok["phase"] == "Allocating"
