@@ -180,6 +180,13 @@ def remove_claim_spec(cdi_dir: str | os.PathLike[str], claim_uid: str) -> bool:
     return True
 
 
+def claim_spec_uids(cdi_dir: str | os.PathLike[str]) -> list[str]:
+    """UIDs of the claims whose spec file is in `cdi_dir` (what is on disk, whatever the checkpoint says)."""
+    prefix, suffix = f"{VENDOR}-{CLASS}_", ".json"
+    return sorted(p.name[len(prefix):-len(suffix)] for p in Path(cdi_dir).glob(f"{prefix}*{suffix}")
+                  if _UID.match(p.name[len(prefix):-len(suffix)]))
+
+
 # --------------------------------------------------------------------------------------------------
 # /proc/devices and channel device nodes.
 
@@ -275,6 +282,16 @@ def remove_temp_files(cdi_dir: str | os.PathLike[str], driver_root: str | os.Pat
             path.unlink()
             removed.append(path)
     return removed
+
+
+def channel_device_nodes(driver_root: str | os.PathLike[str]) -> list[int]:
+    """Channels that have a device node under the driver root."""
+    found = []
+    for path in host_channel_path(driver_root, 0).parent.glob("channel*"):
+        number = path.name.removeprefix("channel")
+        if number.isdigit() and int(number) < IMEX_CHANNEL_COUNT:
+            found.append(int(number))
+    return sorted(found)
 
 
 def release_channel_device_node(driver_root: str | os.PathLike[str], channel: int) -> bool:

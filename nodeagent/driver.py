@@ -151,6 +151,7 @@ class ChannelDriver:
             log.warning("stopped %d IMEX daemon(s) an earlier agent process left running (pids %s); the domains "
                         "prepared claims need are restarted", len(stopped), ", ".join(map(str, stopped)))
         self._major: int | None = None
+        self._recovered = False
 
     # -- the kubelet's calls ----------------------------------------------------------------------
 
@@ -209,16 +210,9 @@ class ChannelDriver:
         pool, device, request, config = self._validate(c, claim)
         channel = int(device.removeprefix("channel-"))
         clique = pool.removeprefix("clique-")
+        allocation = self._allocation(c, pool, device, config)
         dedicated = config.imex_mode is api.IMEXMode.DEDICATED
-        domain_id = f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{clique}"
-        every = config.channel_allocation_mode is api.ChannelAllocationMode.ALL
-        if every and not dedicated:  # the CRD refuses this too; a hand-made claim is refused here
-            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config: channelAllocationMode All needs "
-                               "imexMode Dedicated (in the clique's shared IMEX domain channels isolate domains)")
-        allocation = checkpoint.Allocation(
-            compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
-            channels=tuple(range(checkpoint.IMEX_CHANNEL_COUNT)) if every else (channel,), imex_domain_id=domain_id,
-            device=f"{pool}/{device}")
+        domain_id = allocation.imex_domain_id
         if entry is not None and entry.state is not checkpoint.ClaimState.PREPARE_ABORTED \
                 and not entry.allocation.same_as(allocation):
             # Deallocated and allocated anew (same UID) while prepared or half-prepared here: the old
@@ -255,6 +249,20 @@ class ChannelDriver:
         assert entry is not None
         answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
         return answer
+
+    def _allocation(self, c: ClaimRef, pool: str, device: str, config: ChannelConfig) -> checkpoint.Allocation:
+        """What the validated claim gives this node: channels, IMEX domain, pool device."""
+        dedicated = config.imex_mode is api.IMEXMode.DEDICATED
+        every = config.channel_allocation_mode is api.ChannelAllocationMode.ALL
+        if every and not dedicated:  # the CRD refuses this too; a hand-made claim is refused here
+            raise PrepareError(f"claim {claim_name(c)}: invalid {DRIVER} config: channelAllocationMode All needs "
+                               "imexMode Dedicated (in the clique's shared IMEX domain channels isolate domains)")
+        channel = int(device.removeprefix("channel-"))
+        return checkpoint.Allocation(
+            compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
+            channels=tuple(range(checkpoint.IMEX_CHANNEL_COUNT)) if every else (channel,),
+            imex_domain_id=f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{pool.removeprefix('clique-')}",
+            device=f"{pool}/{device}")
 
     def _on_disk(self, entry: checkpoint.ClaimEntry) -> bool:
         """The completed claim's CDI spec and channel nodes are still there (two stats)."""
@@ -456,7 +464,15 @@ class ChannelDriver:
     def _unprepare_one(self, c: ClaimRef) -> None:
         entry = self.state.get(c.uid)
         self._answers.pop(c.uid, None)
-        if entry is None or entry.state is checkpoint.ClaimState.PREPARE_ABORTED:
+        if entry is None:
+            # Not in the checkpoint (it was lost, or rebuilt without this claim): whatever of the
+            # claim is still on disk goes, so nothing leaks. (A malformed UID names no file.)
+            if _UID.match(c.uid) and cdi.remove_claim_spec(self.paths.cdi_dir, c.uid):
+                log.warning("claim %s was not in the checkpoint but its CDI spec was on disk; removed it",
+                            claim_name(c))
+                self._sweep_channel_nodes()
+            return
+        if entry.state is checkpoint.ClaimState.PREPARE_ABORTED:
             return
         # Side effects first, the checkpoint entry last: killed anywhere in between, the entry is
         # still there and the kubelet's retry finishes the job (nothing is left that no entry names).
@@ -490,13 +506,90 @@ class ChannelDriver:
                 log.warning("ComputeDomain %s/%s: could not withdraw node status: %s", namespace, cd_name,
                             exc.message)
 
+    # -- recovery of a lost checkpoint ----------------------------------------------------------
+
+    def _sweep_channel_nodes(self) -> list[int]:
+        """Remove channel nodes under the driver root that no (started or completed) claim uses:
+        the agent is their only creator, so an unused one is a leftover."""
+        used = {ch for e in self.state.claims if e.state is not checkpoint.ClaimState.PREPARE_ABORTED
+                for ch in e.allocation.channels}
+        gone = [ch for ch in cdi.channel_device_nodes(self.paths.driver_root) if ch not in used]
+        for ch in gone:
+            cdi.release_channel_device_node(self.paths.driver_root, ch)
+        return gone
+
+    def _held_here(self, claim: dict[str, Any]) -> bool:
+        """A pod on this node is among the claim's consumers."""
+        namespace = (claim.get("metadata") or {}).get("namespace", "")
+        for consumer in (claim.get("status") or {}).get("reservedFor") or []:
+            if consumer.get("resource") != "pods" or not consumer.get("name"):
+                continue
+            try:
+                pod = self.client.get(kubeapi.path("v1", "pods", consumer["name"], namespace=namespace))
+            except ApiError as exc:
+                if exc.code == 404:
+                    continue
+                raise
+            if (pod.get("spec") or {}).get("nodeName") == self.node.name and \
+                    (pod.get("metadata") or {}).get("uid") == consumer.get("uid"):
+                return True
+        return False
+
+    def _recover(self) -> None:
+        """Rebuild the checkpoint from the API server for claims whose CDI spec is on disk but which
+        it does not know (a corrupt file moved aside, a lost or hand-deleted one): a claim a pod on
+        this node still holds is validated like a prepare and recorded as completed (its files
+        rewritten, its IMEX domain started by housekeeping), so the kubelet's unprepare later
+        finds it; any other spec is removed. Then channel nodes no claim uses are removed."""
+        known = {e.uid for e in self.state.claims}
+        orphans = [uid for uid in cdi.claim_spec_uids(self.paths.cdi_dir) if uid not in known]
+        adopted, removed = [], []
+        if orphans:
+            claims = {(c.get("metadata") or {}).get("uid"): c
+                      for c in self.client.list(kubeapi.path(RESOURCE_API, "resourceclaims"))}
+            for uid in orphans:
+                claim = claims.get(uid)
+                meta = (claim or {}).get("metadata") or {}
+                ref = ClaimRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=uid)
+                try:
+                    if claim is None or not self._held_here(claim):
+                        raise PrepareError("no pod on this node holds it")
+                    pool, device, _, config = self._validate(ref, claim)
+                    allocation = self._allocation(ref, pool, device, config)
+                    cref = checkpoint.ClaimRef(uid=uid, namespace=ref.namespace, name=ref.name)
+                    cp = checkpoint.start_prepare(self.state, cref, allocation, now=self.clock())
+                    major = self._channel_major()
+                    for ch in allocation.channels:
+                        cdi.channel_device_node(self.paths.driver_root, ch, major)
+                    written = cdi.write_claim_spec(self.paths.cdi_dir, uid, cdi.claim_spec(
+                        claim_uid=uid, channels=allocation.channels, major=major,
+                        compute_domain=allocation.compute_domain_name))
+                    self._save(checkpoint.complete_prepare(cp, uid, cdi_spec_file=str(written.path),
+                                                           cdi_device_ids=written.device_ids, now=self.clock()))
+                    adopted.append(uid)
+                except (PrepareError, checkpoint.CheckpointError, ValueError) as exc:
+                    cdi.remove_claim_spec(self.paths.cdi_dir, uid)
+                    removed.append(f"{uid} ({exc})")
+        swept = self._sweep_channel_nodes()
+        if adopted or removed or swept:
+            log.warning("checkpoint rebuilt from the API server: %d claim(s) adopted (%s), %d CDI spec(s) removed "
+                        "(%s), %d unused channel node(s) removed (%s)", len(adopted), ", ".join(adopted) or "-",
+                        len(removed), "; ".join(removed) or "-", len(swept), ", ".join(map(str, swept)) or "-")
+
     def housekeeping(self, *, clique: str | None) -> None:
-        """Periodic (and once at start): follow a changed clique; drop aborted entries whose
-        stale-prepare window ended; keep the IMEX domains of prepared claims running."""
+        """Periodic (and once at start): follow a changed clique; rebuild what a lost checkpoint
+        forgot (until that succeeds once); drop aborted entries whose stale-prepare window ended;
+        keep the IMEX domains of prepared claims running."""
         with self._lock:
             if clique != self.node.clique:
                 self.node = NodeIdentity(self.node.name, self.node.address, clique)
                 self._answers.clear()  # re-validated against the new clique at their next prepare
+            if not self._recovered:
+                try:
+                    self._recover()
+                    self._recovered = True
+                except (ApiError, OSError) as exc:
+                    log.warning("checkpoint recovery from the API server failed, retrying at the next resync: %s", exc)
             cp = checkpoint.expire_aborted(self.state, now=self.clock())
             if cp != self.state:
                 self._save(cp)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
@@ -496,3 +497,38 @@ def test_a_claim_allocated_anew_under_its_uid_is_prepared_anew(node: Node, clust
         kubelet.close()
     finally:
         ap.delete_domain(client, config.compute_domain.name)
+
+
+def test_a_corrupt_checkpoint_is_rebuilt_from_the_api_server(node: Node, cluster: Cluster) -> None:
+    """The checkpoint is damaged while the agent is down. The restarted agent moves it aside and
+    rebuilds from the API server: a claim a pod on this node still holds is adopted (the kubelet's
+    later unprepare cleans it up), the spec and channel of a claim whose pod is gone are removed."""
+    host, (held, left, *_) = node.host, node.claims
+    node.agent.start()
+    kubelet = ap.Kubelet(host.endpoint)
+    first = kubelet.prepare([held, left])
+    assert all(not isinstance(r, str) for r in first.values()), first
+    assert node.channel[held.uid] != node.channel[left.uid]
+    node.agent.kill()
+    pod = left.name.removesuffix("-channel") + "-0"
+    cluster.client.delete(Pod, pod, namespace=left.namespace, grace_period=0)
+    eventually("the pod to be gone", lambda: not list(cluster.client.list(
+        Pod, namespace=left.namespace, fields={"metadata.name": pod})))
+    host.checkpoint.write_text('{"version": "v1", "claims": {"trunc')  # a torn write by something else
+
+    node.agent.start()
+    eventually("the agent to rebuild its checkpoint", lambda: host.checkpoint.exists() and held.uid in json.loads(
+        host.checkpoint.read_text()).get("claims", {}))
+    entry = checkpoint.load(host.checkpoint, host.boot_id)[0].get(held.uid)
+    assert entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
+    assert entry.allocation.channels == (node.channel[held.uid],)
+    assert list(host.checkpoint.parent.glob("checkpoint.json.corrupt-*")), "the damaged file was not kept aside"
+    specs, nodes = host.cdi_specs(), host.channel_nodes()
+    assert held.uid in specs and node.channel[held.uid] in nodes
+    assert left.uid not in specs and node.channel[left.uid] not in nodes
+    kubelet.reconnect()
+    assert kubelet.prepare([held])[held.uid] == first[held.uid]  # the same devices as before the loss
+    assert kubelet.unprepare([held, left]) == {held.uid: "", left.uid: ""}
+    assert not host.cdi_specs() and not host.channel_nodes()
+    kubelet.close()
+    assert node.agent.terminate() == 0
