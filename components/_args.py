@@ -24,7 +24,13 @@ class ComponentArgsError(pulumi.RunError):
     """Invalid component arguments; the message names every bad field and its fix.
 
     A `pulumi.RunError`, so the program stops with this message and no Python traceback.
+    `problems` holds the same as data, `(location, text)` per bad field (an empty location means
+    the arguments as a whole), for the component provider to report per property.
     """
+
+    def __init__(self, message: str, problems: list[tuple[tuple[int | str, ...], str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -39,18 +45,20 @@ def validate(model: type[M], component: str, resource_name: str, values: dict[st
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        lines = []
+        problems: list[tuple[tuple[int | str, ...], str]] = []
         for err in exc.errors():
             loc = tuple(err["loc"])
             field = model.model_fields.get(str(loc[0])) if loc else None
             hint = f" (expected: {field.description})" if field is not None and field.description else ""
-            got = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {err.get('input')!r})"
+            # (the input of a problem of the arguments as a whole is all of them: not worth repeating)
+            got = "" if err["type"] in ("missing", "extra_forbidden") or not loc else f" (got {err.get('input')!r})"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = f"unknown argument; valid ones are {', '.join(model.model_fields)}"
-            lines.append(f"  {_path(loc)}: {msg}{got}{hint}")
+            problems.append((loc, f"{msg}{got}{hint}"))
         raise ComponentArgsError(
-            f"{component} {resource_name!r}: invalid arguments\n" + "\n".join(lines)) from None
+            f"{component} {resource_name!r}: invalid arguments\n"
+            + "\n".join(f"  {_path(loc)}: {text}" for loc, text in problems), problems) from None
 
 
 def labels(component: str, extra: dict[str, str] | None = None) -> dict[str, str]:

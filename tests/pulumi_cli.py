@@ -42,8 +42,9 @@ class PulumiProject:
 def project_from_fixture(fixture: Path, workdir: Path, *, kubeconfig: Path, venv: Path) -> PulumiProject:
     shutil.copytree(fixture, workdir)
     template = workdir / "Pulumi.yaml.in"
-    (workdir / "Pulumi.yaml").write_text(template.read_text().replace("@VENV@", str(venv)))
-    template.unlink()
+    if template.exists():  # Python fixtures name the virtualenv; a YAML project has none
+        (workdir / "Pulumi.yaml").write_text(template.read_text().replace("@VENV@", str(venv)))
+        template.unlink()
     backend = workdir / ".backend"
     backend.mkdir()
     env = dict(os.environ)

@@ -8,8 +8,8 @@ hash of the wrapper's files, so a fresh clone (and CI on the same machine) reuse
     ${NVLFABRIC_TOOLS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/nvlfabric/tools}/<tool>-<version>-<os>-<arch>-<hash>/
 
 The checkout gets only links: build/bin/ (every binary, the Pulumi CLI first among them),
-build/pulumi-home/plugins/ (the Kubernetes provider, installed the way `pulumi plugin install`
-lays it out) and build/tools.json, the manifest that `nvlfabric-sim` reads.
+build/pulumi-home/plugins/ (the Kubernetes provider and the YAML language host, installed the way
+`pulumi plugin install` lays them out) and build/tools.json, the manifest that `nvlfabric-sim` reads.
 
 Only the standard library is used: this runs before the project's virtualenv exists.
 """
@@ -43,6 +43,10 @@ PULUMI_KUBERNETES_VERSION = "v4.25.0"
 PULUMI_KUBERNETES_PROVIDER_MODULE = "github.com/pulumi/pulumi-kubernetes/provider/v4"
 PULUMI_KUBERNETES_PROVIDER_COMMIT = "v4.0.0-20260115033456-f47bc2d6f199"
 PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
+# The YAML language host (upstream's server behind our main, tools/pulumi-yaml/cmd): the second
+# language consuming the component provider. It builds only against pulumi pkg/sdk v3.206.0, its
+# own requirement (see tools/pulumi-yaml/go.mod); a separate main module from the CLI's.
+PULUMI_YAML_VERSION = "v1.25.0"
 
 
 def cache_root() -> Path:
@@ -152,6 +156,14 @@ def pulumi_recipe(tool: Tool, out: Path) -> list[Step]:
     ]
 
 
+def pulumi_yaml_recipe(tool: Tool, out: Path) -> list[Step]:
+    version_flag = f"-X github.com/pulumi/pulumi-yaml/pkg/version.Version={tool.version.removeprefix('v')}"
+    return [Step("go build pulumi-language-yaml",
+                 ["go", "build", "-trimpath", "-ldflags", f"-s -w {version_flag}", "-o",
+                  str(out / "pulumi-language-yaml"), "./cmd/pulumi-language-yaml"],
+                 tool.wrapper)]
+
+
 def pulumi_assemble(tool: Tool, out: Path) -> None:
     """Place the non-Go helpers the official distribution ships beside the CLI for Python."""
     sdk_dir = module_dir("github.com/pulumi/pulumi/sdk/v3", tool.version, tool.wrapper)
@@ -208,6 +220,8 @@ TOOLS: list[Tool] = [
          pulumi_recipe),
     Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
          TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
+    Tool("pulumi-yaml", "github.com/pulumi/pulumi-yaml", PULUMI_YAML_VERSION, TOOLS_DIR / "pulumi-yaml",
+         ["pulumi-language-yaml"], pulumi_yaml_recipe),
     # Our wire-compatibility checker, built on the official k8s.io/kubelet generated clients.
     Tool("kubeletcheck", "k8s.io/kubelet", "v0.37.2", TOOLS_DIR / "kubeletcheck", ["kubeletcheck"],
          kubeletcheck_recipe),
@@ -316,6 +330,14 @@ def install_links() -> dict[str, object]:
                 plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{tool.version}"
                 plugin_dir.mkdir(parents=True, exist_ok=True)
                 _relink(plugin_dir / name, cached / name)
+            elif name == "pulumi-language-yaml":
+                # The CLI finds the python host "bundled" beside its own (symlink-resolved) binary,
+                # which is in another cache dir; with ambient plugins ignored (the offline env) the
+                # YAML host must be in the plugin cache. build/bin gets it too, for PATH users.
+                plugin_dir = pulumi_home / "plugins" / f"language-yaml-{tool.version}"
+                plugin_dir.mkdir(parents=True, exist_ok=True)
+                _relink(plugin_dir / name, cached / name)
+                _relink(bindir / name, cached / name)
             else:
                 _relink(bindir / name, cached / name)
     manifest = {

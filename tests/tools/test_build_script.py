@@ -84,3 +84,25 @@ def test_unknown_tool_names_the_known_ones(capsys: pytest.CaptureFixture[str]) -
     assert build.main(["nonesuch"]) == 2
     out = capsys.readouterr().out
     assert "unknown tool(s) nonesuch" in out and "kubernetes" in out and "pulumi" in out
+
+
+def test_the_yaml_host_is_linked_into_the_plugin_cache_and_bin(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ambient plugins ignored the CLI finds a language host that is not beside its own
+    binary only in $PULUMI_HOME/plugins/language-<name>-<version>/."""
+    (wrapper := tmp_path / "wrapper").mkdir()
+    (wrapper / "go.mod").write_text("module example.com/yaml\n")
+    tool = build.Tool("pulumi-yaml", "github.com/pulumi/pulumi-yaml", "v1.25.0", wrapper,
+                      ["pulumi-language-yaml"], build.pulumi_yaml_recipe)
+    (tool.cache_dir() / "bin").mkdir(parents=True)
+    binary = tool.cache_dir() / "bin" / "pulumi-language-yaml"
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(build, "BUILD", tmp_path / "build")
+    monkeypatch.setattr(build, "TOOLS", [tool])
+    manifest = build.install_links()
+    assert manifest["missing"] == []
+    plugin = tmp_path / "build" / "pulumi-home" / "plugins" / "language-yaml-v1.25.0" / "pulumi-language-yaml"
+    assert plugin.resolve() == binary.resolve()
+    assert (tmp_path / "build" / "bin" / "pulumi-language-yaml").resolve() == binary.resolve()
+    step = build.pulumi_yaml_recipe(tool, tmp_path / "out")[0]
+    assert step.argv[-1] == "./cmd/pulumi-language-yaml" and "pkg/version.Version=1.25.0" in " ".join(step.argv)

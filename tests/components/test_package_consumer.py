@@ -1,0 +1,194 @@
+"""The components reused from another language: the component provider (components/plugin) consumed
+by a Pulumi YAML project (examples/yaml-consumer) through `pulumi package add`, with the real CLI,
+our Python language host and the YAML language host, on the session's control plane.
+
+The pure tests check that the schema is derived from the pydantic models and how Construct maps
+inputs; the end-to-end test adds the package, reads its schema back through the CLI, fails a
+preview on a bad argument, runs `up` and `destroy`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+from lightkube import ApiError
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs
+from components.provider import NvlfabricProvider
+from components.schema import BY_TOKEN, package_schema
+from provider.api import computedomain as cdapi
+from provider.api import crdgen
+from provider.computedomain import CD
+from tests.conftest import Cluster
+from tests.kube import eventually
+from tests.pulumi_cli import project_from_fixture
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "components" / "plugin"
+EXAMPLE = REPO / "examples" / "yaml-consumer"
+CD_TOKEN = "nvlfabric:index:ComputeDomain"
+JOB_TOKEN = "nvlfabric:index:BoundJob"
+
+
+# -- the schema is derived from the pydantic models (pure) ---------------------------------------
+
+
+def test_inputs_are_the_args_models_fields_in_camel_case_with_their_descriptions() -> None:
+    schema = package_schema()
+    assert schema["name"] == "nvlfabric" and set(schema["resources"]) == set(BY_TOKEN)
+    cd = schema["resources"][CD_TOKEN]
+    assert cd["isComponent"] is True
+    assert set(cd["inputProperties"]) == {"name", "namespace", "spec", "labels", "awaitFor", "timeoutS",
+                                          "forceDelete"}
+    assert cd["inputProperties"]["namespace"] == {
+        "type": "string", "default": "default", "description": ComputeDomainArgs.model_fields["namespace"].description}
+    assert cd["inputProperties"]["spec"]["$ref"] == "#/types/nvlfabric:index:ComputeDomainSpec"
+    assert "requiredInputs" not in cd  # name defaults to the resource name, as in Python
+    assert cd["inputProperties"]["name"]["description"].endswith("Defaults to the resource's name.")
+    spec = schema["types"]["nvlfabric:index:ComputeDomainSpec"]["properties"]
+    assert set(spec) == {"channelAllocationMode", "numNodes", "imexMode", "placement", "channelClaim"}
+    assert spec["numNodes"]["description"] == cdapi.ComputeDomainSpec.model_fields["num_nodes"].description
+    assert schema["types"]["nvlfabric:index:IMEXMode"]["enum"] == [{"value": "CliqueScoped"}, {"value": "Dedicated"}]
+
+    job = schema["resources"][JOB_TOKEN]
+    assert job["requiredInputs"] == ["computeDomain", "podTemplate"]
+    assert job["inputProperties"]["computeDomain"]["$ref"] == f"#/resources/{CD_TOKEN}"
+    assert job["inputProperties"]["gpusPerPod"] == {
+        "type": "integer", "default": 4, "description": BoundJobArgs.model_fields["gpus_per_pod"].description}
+    assert job["inputProperties"]["podTemplate"]["additionalProperties"] == {"$ref": "pulumi.json#/Any"}
+    driver = schema["resources"]["nvlfabric:index:NvlfabricDriver"]["inputProperties"]
+    assert driver["channelsPerClique"]["description"] == NvlfabricDriverArgs.model_fields[
+        "channels_per_clique"].description
+
+
+def test_outputs_are_the_components_typed_attributes() -> None:
+    cd = package_schema()["resources"][CD_TOKEN]
+    assert cd["properties"]["claimName"] == {"type": "string"}
+    assert cd["properties"]["members"] == {"type": "array", "items": {"type": "string"}}
+    assert "channel" in cd["properties"] and "channel" not in cd["required"]  # Output[int | None]
+    assert {"name", "namespace", "claimName", "phase"} <= set(cd["required"])
+
+
+def test_construct_refuses_unknown_and_unresolved_inputs_by_their_schema_names() -> None:
+    exposed = BY_TOKEN[JOB_TOKEN]
+    unknown: pulumi.Output[str] = pulumi.Output.from_input("x")
+    kwargs, problems = NvlfabricProvider._arguments(exposed, {
+        "gpusPerPod": 2.0, "colour": "red", "name": unknown, "computeDomain": "urn:x",
+        "podTemplate": {"spec": {"containers": [{"name": "a", "image": "b", "ports": [{"containerPort": 80.0}]}]}}})
+    assert kwargs["gpus_per_pod"] == 2 and isinstance(kwargs["gpus_per_pod"], int)
+    assert kwargs["pod_template"]["spec"]["containers"][0]["ports"] == [{"containerPort": 80}]
+    reasons = {p["property_path"]: p["reason"] for p in problems}
+    assert reasons["colour"].startswith("unknown argument; valid ones are computeDomain, podTemplate, name")
+    assert "must be known when the program runs" in reasons["name"]
+    assert reasons["computeDomain"] == f"expected an {CD_TOKEN} declared in the same program (got str)"
+
+
+# -- end to end: pulumi package add, get-schema, preview, up, destroy ----------------------------
+
+
+def _established(crd: CustomResourceDefinition) -> bool:
+    conds = crd.status.conditions if crd.status and crd.status.conditions else []
+    return any(c.type == "Established" and c.status == "True" for c in conds)
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Cluster:
+    """The generated CRD applied (idempotently) and Established: the part of the driver install a
+    ComputeDomain needs on a control plane without nodes."""
+    client = cluster.client
+    client.apply(CustomResourceDefinition.from_dict(crdgen.build()), field_manager="nvlfabric-crdgen", force=True)
+    deadline = time.monotonic() + 30
+    while not _established(client.get(CustomResourceDefinition, cdapi.CRD_NAME)):
+        assert time.monotonic() < deadline, f"CRD {cdapi.CRD_NAME} not Established after 30 s"
+        time.sleep(0.1)
+    return cluster
+
+
+def _gone(api: Cluster, res: Any, name: str) -> bool:
+    try:
+        api.client.get(res, name, namespace="default")
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return True
+        raise
+    return False
+
+
+@pytest.mark.cluster
+@pytest.mark.pulumi
+def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
+    timings: dict[str, float] = {}
+
+    def timed(step: str, *args: str, check: bool = True) -> Any:
+        start = time.monotonic()
+        proc = proj.run(*args, check=check)
+        timings[step] = round(time.monotonic() - start, 1)
+        return proc
+
+    proj = project_from_fixture(EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
+    # Start from the project as it was before `pulumi package add`.
+    project_file = proj.workdir / "Pulumi.yaml"
+    committed = yaml.safe_load(project_file.read_text())
+    lock = (EXAMPLE / "sdks" / "nvlfabric" / "nvlfabric-0.1.0.yaml").read_text()
+    project_file.write_text(yaml.safe_dump({k: v for k, v in committed.items() if k != "packages"}, sort_keys=False))
+    for f in (proj.workdir / "sdks").rglob("*"):
+        if f.is_file():
+            f.unlink()
+
+    added = timed("package add", "package", "add", str(PLUGIN))
+    assert "Added package nvlfabric" in added.stdout + added.stderr
+    assert yaml.safe_load(project_file.read_text())["packages"] == {"nvlfabric": str(PLUGIN)}
+    assert (proj.workdir / "sdks" / "nvlfabric" / "nvlfabric-0.1.0.yaml").read_text() == lock
+    assert committed["packages"] == {"nvlfabric": "../../components/plugin"}
+
+    # The schema the CLI gets from the plugin is the one derived from the pydantic models.
+    start = time.monotonic()
+    schema = json.loads(proj.run("package", "get-schema", str(PLUGIN)).stdout)
+    timings["package get-schema"] = round(time.monotonic() - start, 1)
+    cd_inputs = schema["resources"][CD_TOKEN]["inputProperties"]
+    assert cd_inputs["namespace"]["description"] == ComputeDomainArgs.model_fields["namespace"].description
+    assert cd_inputs["spec"]["$ref"] == "#/types/nvlfabric:index:ComputeDomainSpec"
+    assert schema["resources"] == package_schema()["resources"]
+
+    domain = f"yaml-{uuid.uuid4().hex[:6]}"
+    proj.run("stack", "init", "test")
+    proj.run("config", "set", "domain", domain)
+    # A bad argument fails the preview, naming the input as the YAML program writes it and the fix.
+    proj.run("config", "set", "gpusPerPod", "5")
+    bad = timed("preview (bad argument)", "preview", check=False)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert "nvlfabric:index:BoundJob resource 'trainer' has a problem: invalid arguments" in out, out
+    assert "property gpusPerPod with value '{5}' has a problem: Input should be less than or equal to 4" in out
+    assert "GPUs per pod, 0..4" in out and "Traceback" not in out
+    proj.run("config", "set", "gpusPerPod", "4")
+
+    try:
+        timed("up", "up", "--yes", "--skip-preview")
+        outputs = proj.json("stack", "output", "--json")
+        assert outputs == {"claimName": f"{domain}-channel", "namespace": "default", "job": domain}
+        obj = api.client.get(CD, domain, namespace="default").to_dict()
+        assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvlfabric"
+        api.client.get(ResourceClaim, f"{domain}-channel", namespace="default")
+        pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
+        assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
+        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
+        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
+    finally:
+        timed("destroy", "destroy", "--yes", "--skip-preview")
+    for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
+        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
+    print(f"timings (s): {timings}")
