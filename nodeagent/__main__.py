@@ -23,6 +23,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from nodeagent import checkpoint, discovery, health, kubeapi, labels, metrics
 from nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
@@ -155,21 +156,29 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
     current = {"found": found}
 
+    health_cache: dict[str, object] = {}
+
     def device_health() -> list[DeviceHealth]:
-        """Prepared channels are as healthy as this node's fabric: a channel is useless without it."""
-        node = current["found"]
+        """Prepared channels are as healthy as this node's fabric: a channel is useless without it.
+
+        Called every second per open health stream; rebuilt only when the checkpoint or the fabric
+        changed (both are replaced, never modified, so identity says whether they changed)."""
+        node, state = current["found"], driver.state
+        if health_cache.get("node") is node and health_cache.get("state") is state:
+            return cast(list[DeviceHealth], health_cache["value"])
         unhealthy = [g for g in node.gpus if g.fabric.health_summary not in (None, "Healthy")]
         message = node.reason if not node.fabric_ready else "; ".join(
             f"GPU {g.index} NVLink health {g.fabric.health_summary}" for g in unhealthy)
         healthy = node.fabric_ready and not unhealthy
         out: list[DeviceHealth] = []
-        for e in driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
+        for e in state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
             if e.allocation.device:  # the pool device the claim was allocated
                 pool, _, dev = e.allocation.device.partition("/")
                 out.append(DeviceHealth(pool, dev, healthy, message))
             else:  # entries from before the device was recorded (allocation mode Single)
                 out.extend(DeviceHealth(f"clique-{node.clique}", f"channel-{ch}", healthy, message)
                            for ch in e.allocation.channels)
+        health_cache.update(node=node, state=state, value=out)
         return out
 
     server = PluginServer(paths=sockets, driver=driver, health=device_health)

@@ -166,7 +166,7 @@ class _Health(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
         sent_at = 0.0
         while context.is_active() and not self.stopping.is_set():
             current = self.source()
-            if current != last or time.monotonic() - sent_at >= HEALTH_INTERVAL_S:
+            if (current is not last and current != last) or time.monotonic() - sent_at >= HEALTH_INTERVAL_S:
                 yield pb.NodeWatchResourcesResponse(devices=[pb.DeviceHealth(
                     device=pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
                     health=pb.HEALTHY if d.healthy else pb.UNHEALTHY, last_updated_time=int(time.time()),
