@@ -25,14 +25,19 @@ Figures (targets from issue 4):
 - rss_anon_mb, pss_mb              of rss_mb: private (anonymous) memory, and the proportional share
                                    (shared library pages split among the processes mapping them)
 - rss_no_claims_mb                 right after start, before any claim (the floor of the stack:
-                                   Python, gRPC, pydantic, lightkube, protobuf, NVML bindings)
+                                   Python, gRPC, pydantic, protobuf, NVML bindings, OpenSSL)
+
 - setup_claims_s                   creating and allocating the 1000 claims (not the agent)
+
+The agent runs as its DaemonSet runs it: in-cluster credentials (a service-account dir), the
+gRPC health port and the Prometheus metrics port open.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,11 +50,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
+import yaml  # noqa: E402
 from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
 from kubeletapi import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
 from sim.controlplane import ControlPlane, Ports  # noqa: E402
+from tests.conftest import free_ports  # noqa: E402
 from tests.nodeagent import agentproc as ap  # noqa: E402
 
 PORTS = Ports(etcd_client=63791, etcd_peer=63801, apiserver=56445, scheduler=60260)
@@ -148,7 +155,16 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         say(f"{len(claims)} claims of {CLAIMS // PER_DOMAIN} ComputeDomains allocated in "
             f"{results['setup_claims_s']:.1f}s")
 
-        agent = ap.AgentProcess(host, cp.kubeconfig, resync_seconds=RESYNC_S)
+        # Configured as its DaemonSet configures it: in-cluster credentials (a token and the CA in a
+        # service-account dir), the health and metrics ports open.
+        sa = tmp / "serviceaccount"
+        sa.mkdir()
+        (sa / "token").write_text(yaml.safe_load(cp.kubeconfig.read_text())["users"][0]["user"]["token"])
+        shutil.copyfile(cp.state_dir / "pki" / "ca.crt", sa / "ca.crt")
+        health_port, metrics_port = free_ports().apiserver, free_ports().scheduler
+        agent = ap.AgentProcess(host, cp.kubeconfig, resync_seconds=RESYNC_S,
+                                in_cluster=(f"127.0.0.1:{PORTS.apiserver}", sa),
+                                health_port=health_port, metrics_port=metrics_port)
         agent.start()
         assert agent.pid is not None
         time.sleep(1)

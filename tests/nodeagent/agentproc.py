@@ -300,26 +300,38 @@ def delete_domain(client: Client, name: str, namespace: str = "default") -> None
 class AgentProcess:
     """`python -m nodeagent agent` for `host`, started and killed like the kubelet's container runtime."""
 
-    def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0) -> None:
+    def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0,
+                 in_cluster: tuple[str, Path] | None = None, health_port: int = 0, metrics_port: int = 0) -> None:
+        """`in_cluster`: (API server host:port, service-account dir with token and ca.crt): the agent
+        configured as in its DaemonSet, instead of from `kubeconfig`."""
         self.host = host
         self.kubeconfig = kubeconfig
         self.resync_seconds = resync_seconds
+        self.in_cluster = in_cluster
+        self.ports = (health_port, metrics_port)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = host.node.dir / "agent.log"
         self.starts = 0
 
     def argv(self) -> list[str]:
         n = self.host.node
-        return [sys.executable, "-m", "nodeagent", "agent", "--kubeconfig", str(self.kubeconfig),
-                "--node-name", n.name, "--node-ip", n.address, "--kubelet-root", str(n.kubelet_root),
+        creds = ["--kubeconfig", str(self.kubeconfig)] if self.in_cluster is None else \
+            ["--service-account-dir", str(self.in_cluster[1])]
+        return [sys.executable, "-m", "nodeagent", "agent", *creds, "--node-name", n.name, "--node-ip", n.address,
+                "--kubelet-root", str(n.kubelet_root),
                 "--cdi-root", str(self.host.cdi_dir), "--driver-root", str(n.driver_root),
                 "--proc-devices", str(n.proc_devices), "--boot-id", str(self.host.boot_id),
                 "--resync-seconds", str(self.resync_seconds), "--log-format", "text",
-                "--health-port", "0", "--metrics-port", "0"]
+                "--health-port", str(self.ports[0]), "--metrics-port", str(self.ports[1]),
+                "--listen-address", "127.0.0.1"]
 
     def spawn(self) -> subprocess.Popen[bytes]:
         assert not self.alive, "the agent is already running"
         env = {**os.environ, **hardware.node_env(self.host.state, self.host.node), "PYTHONPATH": str(REPO)}
+        if self.in_cluster is not None:
+            host, _, port = self.in_cluster[0].rpartition(":")
+            env = {k: v for k, v in env.items() if k != "KUBECONFIG"}
+            env.update(KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port)
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts} ---\n".encode())
             self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
