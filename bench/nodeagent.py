@@ -26,7 +26,6 @@ Figures (targets from issue 4):
                                    (shared library pages split among the processes mapping them)
 - rss_no_claims_mb                 right after start, before any claim (the floor of the stack:
                                    Python, gRPC, pydantic, protobuf, NVML bindings, OpenSSL)
-
 - setup_claims_s                   creating and allocating the 1000 claims (not the agent)
 
 The agent runs as its DaemonSet runs it: in-cluster credentials (a service-account dir), the
