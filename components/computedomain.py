@@ -12,7 +12,7 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from components._args import DNS_LABEL, ComponentArgsError, labels, validate
-from provider.api.computedomain import ComputeDomainSpec
+from provider.api.computedomain import ComputeDomainSpec, channel_claim_name
 from provider.await_ import AwaitFor
 from provider.computedomain import ComputeDomain as ComputeDomainResource
 
@@ -60,6 +60,10 @@ class ComputeDomain(pulumi.ComponentResource):
         super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
         a = self.args
         self.name, self.namespace = a.name, a.namespace
+        # Known from the arguments (preview included), unlike the `claim_name` output, which is
+        # unknown while the domain itself changes: workloads use this, so a change of the domain
+        # does not show them as changing too.
+        self.claim: str = channel_claim_name(a.name, a.spec)
         self.bound_pods = 0
         self.resource = ComputeDomainResource(
             resource_name, name=a.name, namespace=a.namespace, spec=a.spec,

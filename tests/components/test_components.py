@@ -16,6 +16,7 @@ import pulumi
 import pytest
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -28,7 +29,7 @@ from components import (
     NvlfabricDriverArgs,
 )
 from components.driver import driver_objects
-from components.workload import BoundJobArgs, job_manifest
+from components.workload import BoundJobArgs, job_manifest, workload_manifests
 from sim.controlplane import ControlPlane
 from tests.conftest import free_ports
 from tests.kube import eventually
@@ -70,6 +71,12 @@ def test_compute_domain_args() -> None:
     ({"pod_template": {"spec": {"containers": []}}}, "pod_template", "non-empty list"),
     ({"pod_template": {"spec": {"containers": [{"name": "w"}]}}}, "pod_template", "name and an image"),
     ({"parallelism": 19, "gpus_per_pod": 4}, "(arguments)", "72"),
+    ({"kind": "Deployment"}, "kind", "'Job', 'StatefulSet', 'JobSet' or 'LeaderWorkerSet'"),
+    ({"kind": "StatefulSet", "pod_template": {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "w", "image": "i"}]}}}, "(arguments)", "restartPolicy of a StatefulSet's pods must be Always"),
+    ({"pod_template": {"spec": {"restartPolicy": "Always", "containers": [{"name": "w", "image": "i"}]}}},
+     "(arguments)", "restartPolicy of a Job's pods must be Never or OnFailure"),
+    ({"kind": "LeaderWorkerSet", "completions": 3}, "(arguments)", "completions applies to Job and JobSet"),
 ])
 def test_bound_job_args(kwargs: dict[str, Any], field: str, words: str) -> None:
     args = {"name": "job", "pod_template": TEMPLATE} | kwargs
@@ -117,6 +124,38 @@ def test_job_manifest_binds_every_container_to_the_domain_claim() -> None:
                            namespace="ml", claim_name="c", domain="cd")
     assert "pulumi.com/waitFor" not in waiting["metadata"]["annotations"]
     assert "limits" not in waiting["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+@pytest.mark.parametrize("kind", ["Job", "StatefulSet", "JobSet", "LeaderWorkerSet"])
+def test_every_workload_shape_binds_its_pods_to_the_domain(kind: str) -> None:
+    args = BoundJobArgs(name="w", kind=kind, pod_template=TEMPLATE, parallelism=4, gpus_per_pod=2)  # type: ignore[arg-type]
+    objs = workload_manifests(args, namespace="ml", claim_name="cd-channel", domain="cd")
+    main = objs[-1]
+    assert main["kind"] == kind and main["metadata"]["namespace"] == "ml"
+    assert main["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == "foreground"
+    spec = main["spec"]
+    if kind == "Job":
+        pod, pods = spec["template"], spec["parallelism"]
+    elif kind == "StatefulSet":
+        pod, pods = spec["template"], spec["replicas"]
+        assert spec["podManagementPolicy"] == "Parallel"  # members start together, not one by one
+        (svc,) = objs[:-1]
+        assert svc["kind"] == "Service" and svc["spec"]["clusterIP"] == "None"
+        assert spec["serviceName"] == svc["metadata"]["name"]
+        assert spec["selector"]["matchLabels"] == svc["spec"]["selector"]
+        assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    elif kind == "JobSet":
+        (rj,) = spec["replicatedJobs"]
+        pod, pods = rj["template"]["spec"]["template"], rj["replicas"] * rj["template"]["spec"]["parallelism"]
+    else:
+        assert spec["replicas"] == 1
+        pod, pods = spec["leaderWorkerTemplate"]["workerTemplate"], spec["leaderWorkerTemplate"]["size"]
+    assert pods == 4
+    assert pod["metadata"]["labels"]["nvlfabric.io/compute-domain"] == "cd"
+    assert pod["spec"]["resourceClaims"] == [{"name": "channel", "resourceClaimName": "cd-channel"}]
+    assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "channel"}],
+                                                         "limits": {"nvidia.com/gpu": "2"}}
+    assert pod["spec"]["restartPolicy"] == ("Never" if kind in ("Job", "JobSet") else "Always")
 
 
 def test_driver_objects_apply_the_settings_and_label_everything() -> None:
@@ -196,18 +235,29 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     assert "channels_per_clique: Input should be less than or equal to 2048 (got 5000)" in bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
     proj.run("config", "rm", "channels")
+    proj.run("config", "set", "crdShapes", "true")
     proj.run("up", "--yes", "--skip-preview", timeout=300)
+    for group, version, kind, plural, template_at in (
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets",
+             lambda sp: sp["replicatedJobs"][0]["template"]["spec"]["template"]),
+            ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets",
+             lambda sp: sp["leaderWorkerTemplate"]["workerTemplate"])):
+        res = create_namespaced_resource(group, version, kind, plural)
+        obj = client.get(res, f"{domain}-{kind.lower()}", namespace="default")
+        pod = template_at(obj.spec)
+        assert pod["spec"]["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}], kind
     outputs = proj.json("stack", "output", "--json")
     assert outputs == {"claim_name": f"{domain}-channel", "device_class": "imex-channel.nvlfabric.io",
-                       "job": domain}
+                       "job": domain, "server": f"{domain}-serve"}
 
     status = eventually("the ComputeDomain to be Ready", lambda: (
         s if (s := client.get(ComputeDomainResource, domain, namespace="default").status or {}).get("phase") == "Ready"
         else None), timeout=90)
-    job_pods = {"batch.kubernetes.io/job-name": domain}
-    pods = eventually("both pods to run", lambda: (
-        ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=job_pods)
-                         if p.status.phase == "Running"]) == 2 else None), timeout=60)
+    members = {"nvlfabric.io/compute-domain": domain}
+    pods = eventually("the Job's two pods and the StatefulSet's one to run", lambda: (
+        ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)
+                         if p.status.phase == "Running"]) == 3 else None), timeout=60)
+    assert f"{domain}-serve-0" in {p.metadata.name for p in pods}
     channel = status["channel"]
     assert isinstance(channel, int) and channel >= 1
     for pod in pods:
@@ -217,11 +267,40 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
                                        "major": 507, "minor": channel}], rec
         assert f"NVLFABRIC_COMPUTE_DOMAIN={domain}" in rec["env"]
 
+    # A change to the domain: numNodes is an update in place, imexMode a replacement.
+    def domain_step() -> dict[str, Any]:
+        """The one changed step of the preview: the domain's dynamic resource (its workloads and the
+        claim inside it are untouched by these changes)."""
+        steps = proj.json("preview", "--json")["steps"]
+        changed = [st for st in steps if st["op"] != "same"]
+        ops = {st["op"] for st in changed}
+        assert all("dynamic/nvlfabric:ComputeDomain::" in st["urn"] for st in changed), \
+            [(st["urn"], st.get("detailedDiff")) for st in changed]
+        assert len({st["urn"] for st in changed}) == 1, changed
+        return {"op": "replace" if "replace" in ops or "create-replacement" in ops else ops.pop(),
+                "replaceReasons": sorted({r for st in changed for r in st.get("replaceReasons") or []})}
+
+    proj.run("config", "set", "numNodes", "1")
+    assert domain_step()["op"] == "update"
+    proj.run("config", "set", "imexMode", "Dedicated")
+    replace = domain_step()
+    assert replace["op"] == "replace", replace
+    assert "spec.imexMode" in (replace.get("replaceReasons") or []), replace
+    proj.run("config", "rm", "imexMode")
+    proj.run("up", "--yes", "--skip-preview", timeout=300)
+    assert client.get(ComputeDomainResource, domain, namespace="default").spec["numNodes"] == 1
+
     proj.run("destroy", "--yes", "--skip-preview", timeout=300)
     assert not list(client.list(Pod, namespace="default"))
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not [p for p in client.list(Pod, namespace="nvlfabric-system")
                 if p.metadata.deletionTimestamp is None]
+    # ... and no channel is prepared on any node: no CDI spec, no channel node, no checkpoint entry.
+    for node in cp.nodes():
+        assert not list(node.cdi_dirs[1].glob("k8s.channel.nvlfabric.io-claim_*")), node.name
+        assert not list((node.driver_root / "dev" / "nvidia-caps-imex-channels").glob("channel*")), node.name
+        cp_file = node.kubelet_root / "plugins" / "channel.nvlfabric.io" / "checkpoint.json"
+        assert not cp_file.exists() or json.loads(cp_file.read_text())["claims"] == {}, node.name
 
 
 @pulumi.runtime.test
