@@ -25,9 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
-from nodeagent import checkpoint, discovery, health, kubeapi, labels, metrics
+from nodeagent import checkpoint, discovery, health, kubeapi, metrics
 from nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import DeviceHealth, PluginServer, SocketPaths
+from provider.api import labels
 from provider.api.channelconfig import DRIVER
 
 log = logging.getLogger("nvlfabric.nodeagent")

@@ -51,10 +51,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nodeagent import cdi, checkpoint, imex, kubeapi, labels
+from nodeagent import cdi, checkpoint, imex, kubeapi
 from nodeagent.kubeapi import ApiError, Client
 from nodeagent.server import ClaimRef, PreparedDevice
 from provider.api import computedomain as api
+from provider.api import labels
 from provider.api.channelconfig import DRIVER, ChannelConfig
 
 log = logging.getLogger("nvlfabric.nodeagent.driver")

@@ -23,8 +23,8 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.models.resource_v1 import Device, DeviceAttribute, ResourcePool, ResourceSliceSpec
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from nodeagent.labels import CLIQUE_LABEL, POOL_LABEL
 from provider.api.channelconfig import DRIVER
+from provider.api.labels import CLIQUE_LABEL, POOL_LABEL
 
 __all__ = ["CLIQUE_LABEL", "DRIVER", "POOL_LABEL"]
 MAX_DEVICES_PER_SLICE = 128

@@ -1,5 +1,6 @@
-"""Label keys the agent, the controller and the components share (a leaf: imports nothing heavy,
-so the node agent can use them without loading the controller's object models)."""
+"""Label keys the node agent, the controller, the providers and the components share.
+
+A leaf that imports nothing, so the node agent uses them without loading any object models."""
 
 from typing import Final
 
