@@ -16,9 +16,10 @@ from typing import Any, Final
 import pulumi
 import pulumi_kubernetes as k8s
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from components._args import COMPONENT_LABEL, PART_OF, validate
+from provider.api.computedomain import IMEXMode
 
 DEPLOY: Final = Path(__file__).resolve().parent.parent / "deploy"
 CRD_FILE: Final = DEPLOY / "crds" / "nvlfabric.io_computedomains.yaml"
@@ -43,7 +44,19 @@ class NvlfabricDriverArgs(BaseModel):
                               description="the kubelet's absolute root directory on the host (--root-dir)")
     channels_per_clique: int = Field(128, ge=1, le=2048,
                                      description="IMEX channels per NVLink clique, 1..2048 (the hardware ceiling)")
+    imex_modes: list[IMEXMode] = Field(
+        default_factory=lambda: [IMEXMode.CLIQUE_SCOPED, IMEXMode.DEDICATED], min_length=1,
+        description="the IMEX modes the agents accept for ComputeDomains: CliqueScoped (one persistent IMEX "
+                    "daemon per clique on each node) and/or Dedicated (a daemon per ComputeDomain); allow only "
+                    "one to keep nodes at one IMEX daemon each")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
+
+    @field_validator("imex_modes")
+    @classmethod
+    def _unique_modes(cls, modes: list[IMEXMode]) -> list[IMEXMode]:
+        if len(set(modes)) != len(modes):
+            raise ValueError("each IMEX mode at most once")
+        return modes
 
 
 def _label(obj: dict[str, Any], extra: dict[str, str]) -> None:
@@ -76,6 +89,8 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
                 c["image"] = args.image
                 if obj["kind"] == "Deployment":
                     _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
+                else:
+                    _set_env(c, "IMEX_MODES", ",".join(m.value for m in args.imex_modes))
                 for m in c.get("volumeMounts") or []:
                     if m.get("name") == "kubelet":
                         m["mountPath"] = args.kubelet_root
@@ -109,11 +124,12 @@ class NvlfabricDriver(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, *, image: str = "nvlfabric/node-agent:0.1.0",
                  driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
-                 channels_per_clique: int = 128, labels: dict[str, str] | None = None,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 channels_per_clique: int = 128, imex_modes: list[str] | None = None,
+                 labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
-            "channels_per_clique": channels_per_clique, "labels": labels or {}})
+            "channels_per_clique": channels_per_clique, "labels": labels or {},
+            **({"imex_modes": imex_modes} if imex_modes is not None else {})})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)

@@ -30,6 +30,7 @@ from nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Path
 from nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from provider.api import labels
 from provider.api.channelconfig import DRIVER
+from provider.api.computedomain import IMEXMode
 
 log = logging.getLogger("nvlfabric.nodeagent")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -69,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--resync-seconds", type=float, default=float(env_default("RESYNC_SECONDS", "30")))
     ap.add_argument("--channels-per-clique", type=int, default=int(env_default("CHANNELS_PER_CLIQUE", "128")),
                     help="controller: size of each clique's channel pool (1-2047)")
+    ap.add_argument("--imex-modes", default=env_default("IMEX_MODES", "CliqueScoped,Dedicated"),
+                    help="comma-separated IMEX modes this agent prepares claims for ($IMEX_MODES)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env_default("LOG_FORMAT", "json"))
     ap.add_argument("--listen-address", default=env_default("LISTEN_ADDRESS", ""),
                     help="address for the health and metrics ports (the pod IP; empty: all addresses)")
@@ -153,7 +156,14 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     label_node(client, args.node_name, found)
     paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
-    driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths)
+    modes = {m.strip() for m in args.imex_modes.split(",") if m.strip()}
+    known = {m.value for m in IMEXMode}
+    if not modes or modes - known:
+        log.error("--imex-modes / $IMEX_MODES: %r is not a comma-separated list of %s", args.imex_modes,
+                  " and ".join(sorted(known)))
+        return 2
+    driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths,
+                           imex_modes=frozenset(IMEXMode(m) for m in modes))
     sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
     current = {"found": found}
 

@@ -131,8 +131,10 @@ def _check_ref(c: ClaimRef) -> None:
 
 class ChannelDriver:
     def __init__(self, *, client: Client, node: NodeIdentity, paths: Paths,
-                 clock: Callable[[], datetime] = _now) -> None:
+                 clock: Callable[[], datetime] = _now,
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
         self.client = client
+        self.imex_modes = imex_modes
         self.node = node
         self.paths = paths
         self.clock = clock
@@ -211,6 +213,11 @@ class ChannelDriver:
         pool, device, request, config = self._validate(c, claim)
         channel = int(device.removeprefix("channel-"))
         clique = pool.removeprefix("clique-")
+        if config.imex_mode not in self.imex_modes:
+            raise PrepareError(
+                f"claim {claim_name(c)}: imexMode {config.imex_mode.value} is not enabled in this cluster's nvlfabric "
+                f"driver (it allows {', '.join(sorted(m.value for m in self.imex_modes))}: NvlfabricDriver "
+                "imex_modes); recreate the ComputeDomain with an allowed imexMode")
         allocation = self._allocation(c, pool, device, config)
         dedicated = config.imex_mode is api.IMEXMode.DEDICATED
         domain_id = allocation.imex_domain_id

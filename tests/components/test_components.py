@@ -338,3 +338,13 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
     argv = _json.loads(entry.removeprefix("ENTRYPOINT"))
     assert default_images()["nvlfabric/node-agent"] == [_sys.executable, *argv[1:]]
     assert argv[0] == "python"
+
+
+def test_the_driver_passes_the_allowed_imex_modes_to_the_agents() -> None:
+    objs = driver_objects(NvlfabricDriverArgs(imex_modes=["CliqueScoped"]))  # type: ignore[list-item]
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert {"name": "IMEX_MODES", "value": "CliqueScoped"} in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    default = next(o for o in driver_objects(NvlfabricDriverArgs()) if o["kind"] == "DaemonSet")
+    assert {"name": "IMEX_MODES", "value": "CliqueScoped,Dedicated"} in \
+        default["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "each IMEX mode at most once" in _error(NvlfabricDriver, imex_modes=["Dedicated", "Dedicated"])

@@ -38,6 +38,7 @@ from nodeagent import checkpoint, kubeapi, pools
 from nodeagent.controller import ComputeDomainResource
 from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nodeagent.server import ClaimRef
+from provider.api import computedomain as api
 from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
 from sim import hardware
 from sim.kubelet import cdi as runtime_cdi
@@ -182,5 +183,20 @@ def test_a_replaced_claim_or_a_foreign_clique_is_refused_with_the_reason(setup: 
         msg = str(other.prepare([ref])[ref.uid])
         assert f"allocated in clique {setup.clique}" in msg and "is in clique elsewhere.1" in msg
         assert driver.state.get(ref.uid) is None  # nothing recorded for refused claims
+    finally:
+        cleanup(setup, name)
+
+
+def test_an_imex_mode_the_driver_does_not_allow_is_refused_naming_the_setting(setup: Setup) -> None:
+    node = setup.nodes[0]
+    name, ref = compute_domain(setup, node)
+    try:
+        only_dedicated = ChannelDriver(client=setup.agent_client, paths=setup.paths(node),
+                                       node=NodeIdentity(node.name, node.address, setup.clique),
+                                       imex_modes=frozenset({api.IMEXMode.DEDICATED}))
+        setup.drivers[node.name] = only_dedicated
+        msg = str(only_dedicated.prepare([ref])[ref.uid])
+        assert "imexMode CliqueScoped is not enabled" in msg and "NvlfabricDriver imex_modes" in msg, msg
+        assert only_dedicated.state.get(ref.uid) is None
     finally:
         cleanup(setup, name)
