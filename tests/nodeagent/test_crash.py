@@ -519,6 +519,8 @@ def test_a_corrupt_checkpoint_is_rebuilt_from_the_api_server(node: Node, cluster
     node.agent.start()
     eventually("the agent to rebuild its checkpoint", lambda: host.checkpoint.exists() and held.uid in json.loads(
         host.checkpoint.read_text()).get("claims", {}))
+    eventually("the agent to remove what no pod holds", lambda: left.uid not in host.cdi_specs()
+               and node.channel[left.uid] not in host.channel_nodes())
     entry = checkpoint.load(host.checkpoint, host.boot_id)[0].get(held.uid)
     assert entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
     assert entry.allocation.channels == (node.channel[held.uid],)
