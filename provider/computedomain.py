@@ -338,6 +338,12 @@ def channel_config(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSp
                          imex_mode=spec.imex_mode, channel_allocation_mode=spec.channel_allocation_mode).to_kube()
 
 
+def pinned_clique_selector(clique: str) -> str:
+    """CEL that admits only channels of `clique`'s pool (the channel devices carry a `clique`
+    attribute), so the scheduler places a pinned domain's pods there or nowhere."""
+    return f'device.attributes["{DRIVER}"].clique == "{clique}"'
+
+
 def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec) -> dict[str, Any]:
     """The CD's shared channel ResourceClaim: one channel device, owned by the CD.
 
@@ -357,7 +363,9 @@ def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpe
         },
         "spec": {"devices": {
             "requests": [{"name": CHANNEL_REQUEST, "exactly": {
-                "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1}}],
+                "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1,
+                **({"selectors": [{"cel": {"expression": pinned_clique_selector(spec.placement.clique)}}]}
+                   if spec.placement.clique else {})}}],
             "config": [{"requests": [CHANNEL_REQUEST], "opaque": {
                 "driver": DRIVER, "parameters": channel_config(cd_name, namespace, uid, spec)}}],
         }},

@@ -201,7 +201,8 @@ class Placement(_Spec):
     clique: str | None = Field(
         None, pattern=CLIQUE, max_length=CLIQUE_MAX,
         description="Pin the ComputeDomain to this clique, '<clusterUUID>.<cliqueID>' as in the node label "
-                    "nvidia.com/gpu.clique (e.g. 9f410827-489f-46fd-8203-51266ca08eb7.32766). "
+                    "nvlfabric.io/clique (e.g. 9f410827-489f-46fd-8203-51266ca08eb7.32766): its channel claim "
+                    "then only takes a channel of that clique's pool. "
                     "Unset: the scheduler picks a clique with a free channel.",
     )
 

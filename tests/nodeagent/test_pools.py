@@ -36,7 +36,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 
 from nodeagent import pools
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, make_ready_nodes
+from tests.kube import delete_nodes, eventually, make_ready_nodes
 
 
 def apply_in_memory(store: dict[str, ResourceSlice], p: pools.Plan) -> None:
@@ -139,3 +139,43 @@ def test_pods_of_a_domain_share_one_channel_in_one_clique_and_domains_never_shar
                     client.delete(Pod, f"{cd}-{p}", namespace="default", grace_period=0)
             with contextlib.suppress(ApiError):
                 client.delete(ResourceClaim, f"{cd}-channel", namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_domain_pinned_to_a_clique_lands_there_or_nowhere(cluster: Cluster,
+                                                            two_cliques: dict[str, list[str]]) -> None:
+    """spec.placement.clique becomes a CEL selector in the provider's channel claim; the scheduler
+    puts the pods in that clique even though the other one has free channels too."""
+    from provider.api.computedomain import ComputeDomainSpec, Placement
+    from provider.computedomain import channel_claim
+
+    client = cluster.client
+    run = next(iter(two_cliques)).split("-")[0]
+    target = sorted(two_cliques)[1]
+    cd = f"pin-{run}"
+    # (model_construct: this fixture's clique names are shorter than real ones)
+    spec = ComputeDomainSpec.model_construct(placement=Placement.model_construct(clique=target))
+    manifest = channel_claim(cd, "default", str(uuid.uuid4()), spec)
+    manifest["metadata"].pop("ownerReferences")  # no ComputeDomain object in this test
+    manifest["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = CLASS
+    manifest["spec"]["devices"].pop("config")
+    client.create(ResourceClaim.from_dict(manifest))
+    try:
+        for p in range(2):
+            client.create(Pod(metadata=ObjectMeta(name=f"{cd}-{p}", namespace="default"), spec=PodSpec(
+                nodeSelector={"pools-test": run},
+                resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{cd}-channel")],
+                containers=[Container(name="w", image="registry.invalid/w:1",
+                                      resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+        nodes = eventually("the pinned pods to be scheduled", lambda: (
+            ns if all(ns := [client.get(Pod, f"{cd}-{p}", namespace="default").spec.nodeName for p in range(2)])
+            else None), timeout=90)
+        assert set(nodes) <= set(two_cliques[target])
+        (result,) = client.get(ResourceClaim, f"{cd}-channel", namespace="default").status.allocation.devices.results
+        assert result.pool == pools.pool_name(target)
+    finally:
+        for p in range(2):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, f"{cd}-{p}", namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, f"{cd}-channel", namespace="default")
