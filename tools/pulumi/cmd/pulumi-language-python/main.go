@@ -33,10 +33,10 @@ import (
 	"strings"
 	"sync"
 
-	pbempty "google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	pbempty "google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/pulumi/pulumi/sdk/v3/go/common/util/rpcutil"
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
@@ -271,11 +271,20 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	args = append(args, programPath(req.GetInfo(), req.GetProgram()))
 	args = append(args, req.GetArgs()...)
 
-	config, err := json.Marshal(req.GetConfig())
+	// A stack without config sends nil: encode {} and [] (the SDK reads "null" as no mapping and fails).
+	configMap := req.GetConfig()
+	if configMap == nil {
+		configMap = map[string]string{}
+	}
+	secretList := req.GetConfigSecretKeys()
+	if secretList == nil {
+		secretList = []string{}
+	}
+	config, err := json.Marshal(configMap)
 	if err != nil {
 		return nil, fmt.Errorf("encoding stack config: %w", err)
 	}
-	secretKeys, err := json.Marshal(req.GetConfigSecretKeys())
+	secretKeys, err := json.Marshal(secretList)
 	if err != nil {
 		return nil, fmt.Errorf("encoding secret config keys: %w", err)
 	}
