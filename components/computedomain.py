@@ -31,7 +31,8 @@ class ComputeDomainArgs(BaseModel):
                                     description="a ComputeDomainSpec (numNodes, imexMode, channelAllocationMode, ...)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the ComputeDomain")
     await_for: AwaitFor | None = Field(AwaitFor.ACCEPTED,
-                                       description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it)")
+                                       description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it, so not "
+                                                   "with workloads bound to it by BoundJob)")
     timeout_s: float = Field(600.0, gt=0, description="seconds a create, update or delete may take (> 0)")
     force_delete: bool = Field(False, description="delete even while pods use the channel")
 
@@ -82,7 +83,15 @@ class ComputeDomain(pulumi.ComponentResource):
                                "total_nodes": self.total_nodes})
 
     def bind(self, workload: str, pods: int) -> None:
-        """Record `pods` more pods of `workload` using this domain's claim; refuse past 256."""
+        """Record `pods` more pods of `workload` using this domain's claim; refuse past 256, and
+        refuse a domain that awaits Ready (it would wait for pods that are created after it)."""
+        if self.args.await_for is AwaitFor.READY:
+            raise ComponentArgsError(
+                f"ComputeDomain {self.name!r}: await_for='Ready' with workload {workload!r} bound to it: the domain "
+                "becomes Ready only once pods of its workloads run, and those are created after the domain's create "
+                f"returns, so `pulumi up` would wait the whole timeout_s ({self.args.timeout_s:g} s) and fail. Use "
+                "await_for='Accepted' (the default) for a domain with bound workloads, and wait for the workload "
+                "instead (BoundJob wait=True) or watch the domain's phase")
         if self.bound_pods + pods > MAX_PODS_PER_DOMAIN:
             raise ComponentArgsError(
                 f"ComputeDomain {self.name!r}: binding {workload!r} would make {self.bound_pods + pods} pods use "

@@ -60,7 +60,9 @@ class BoundJobArgs(BaseModel):
                                           f"(a GB200 compute tray has {GPUS_PER_NODE})")
     gpu_resource: str | None = Field("nvidia.com/gpu",
                                      description="the extended resource GPUs are requested as; None requests none "
-                                                 "(GPUs allocated by another DRA driver, or the simulator)")
+                                                 "(GPUs allocated by another DRA driver). Without GPU requests "
+                                                 "nothing spreads the pods over nodes: a domain's numNodes may "
+                                                 "then never be reached")
     wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
                                           "until every pod is ready")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")

@@ -8,6 +8,7 @@ State directory layout:
     controlplane.json   ports, admin token and the running processes (pid + start time)
     controlplane.lock   held (flock) while up/down run; removed by down
     kubeconfig          admin kubeconfig (token auth, CA embedded)
+    kube-scheduler.yaml the scheduler's configuration, only when `scheduler_config` is set
     pki/                CA, serving cert, service-account key, token file
     etcd/               etcd data (removed by down: every up starts an empty cluster)
     logs/<name>.log     each component's output (kept after down, for post-mortems)
@@ -29,6 +30,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel
@@ -40,6 +42,7 @@ from sim.processes import ProcessRecord
 
 START_TIMEOUT_S = 90.0  # contended 2-core CI machines take 30 s+ for RBAC bootstrap alone
 POLL_INTERVAL_S = 0.2
+KUBELET_STOP_TIMEOUT_S = 30.0  # its own budget for stopping the local processes is 10 s
 
 
 class Ports(BaseModel):
@@ -87,6 +90,13 @@ class ControlPlane:
     """Number of the first rack. Node names and loopback addresses (127.10.<rack>.<n>) derive from
     it, so two simulators on one machine (a demo and the test suite) need different ranges."""
     images: dict[str, list[str]] = field(default_factory=default_images)
+    scheduler_config: dict[str, Any] = field(default_factory=dict)
+    """KubeSchedulerConfiguration (v1) fields to set, e.g. `{"podMaxBackoffSeconds": 1,
+    "clientConnection": {"qps": 500}}`; the scheduler then runs from a generated config file.
+    Empty (the default): the scheduler's own defaults, as on a cluster nobody tuned."""
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
+    """Extra command-line flags per component (`etcd`, `kube-apiserver`, `kube-scheduler`,
+    `kube-controller-manager`), e.g. `{"kube-controller-manager": ["--kube-api-qps=100"]}`."""
 
     def nodes(self) -> list[SimNode]:
         return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack)
@@ -200,6 +210,7 @@ class ControlPlane:
 
     def _launch(self, state: State, name: str, argv: list[str]) -> ProcessRecord:
         self.progress(f"starting {name}")
+        argv = [*argv, *self.extra_args.get(name, [])]
         rec = processes.spawn(name, argv, self.state_dir / "logs" / f"{name}.log")
         state.processes.append(rec)
         self._save_state(state)
@@ -259,10 +270,20 @@ class ControlPlane:
 
     def _start_scheduler(self, tools: Tools, state: State) -> None:
         p = self.ports
+        if self.scheduler_config:
+            # With --config the scheduler ignores --kubeconfig and --leader-elect: they go in the file.
+            config = _merged({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                              "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                              "leaderElection": {"leaderElect": False}}, self.scheduler_config)
+            path = self.state_dir / "kube-scheduler.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            client = [f"--config={path}"]
+        else:
+            client = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
         self._launch(state, "kube-scheduler", [
-            str(tools.binary("kube-scheduler")), f"--kubeconfig={self.kubeconfig}",
+            str(tools.binary("kube-scheduler")), *client,
             f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
+            "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
             f"--cert-dir={self.state_dir / 'pki' / 'scheduler'}", "--v=1",
         ])
         self._wait(state, "kube-scheduler /healthz",
@@ -353,7 +374,9 @@ class ControlPlane:
         for rec in reversed(state.processes):
             if processes.alive(rec):
                 self.progress(f"stopping {rec.name} (pid {rec.pid})")
-            processes.stop(rec)
+            # The kubelet stops the processes it runs (node agents, which stop their IMEX daemons)
+            # first; killed before that, it would leave them running.
+            processes.stop(rec, timeout=KUBELET_STOP_TIMEOUT_S if rec.name == "sim-kubelet" else 10.0)
 
     def down(self) -> bool:
         """Stop everything; returns False when nothing was running."""
@@ -367,6 +390,14 @@ class ControlPlane:
             shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
         (self.state_dir / "controlplane.lock").unlink(missing_ok=True)
         return was_running
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, nested mappings key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _http_ok(url: str, *, token: str | None = None, cafile: Path | None = None, insecure: bool = False) -> bool:

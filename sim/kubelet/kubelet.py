@@ -1,9 +1,10 @@
 """Simulated kubelets: one asyncio process hosting many GB200 nodes against the real API server.
 
 Per node it does what a kubelet does that matters to DRA and to nvlfabric:
-- registers the Node (GB200 capacity, labels, its own loopback address) and renews its Lease every
-  10 s (leaseDuration/4, the kubelet's rule); wipes the node's ResourceSlices at start and 30 s
-  after a driver's last plugin instance went away (the kubelet's defaultWipingDelay);
+- registers the Node (GB200 capacity, 4 `nvidia.com/gpu` as the device plugin advertises them,
+  labels, its own loopback address) and renews its Lease every 10 s (leaseDuration/4, the kubelet's
+  rule); wipes the node's ResourceSlices at start and 30 s after a driver's last plugin instance
+  went away (the kubelet's defaultWipingDelay);
 - discovers DRA plugins in its `plugins_registry` and registers them (see plugins.py);
 - for each pod bound to it: waits until every claim is allocated and reserved for the pod, calls
   NodePrepareResources per driver, resolves the returned CDI IDs against the node's CDI dirs (an
@@ -43,8 +44,8 @@ from lightkube.types import PatchType
 from kubeletapi.types import ClaimRef
 from sim.kubelet import cdi
 from sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
-from sim.kubelet.processes import PodProcess, start_pod_process
-from sim.nodes import SimNode
+from sim.kubelet.processes import PodProcess, start_pod_process, stop_all
+from sim.nodes import GPUS_PER_NODE, SimNode
 from sim.nvml.topology import rack_name
 
 log = logging.getLogger("nvlfabric.sim.kubelet")
@@ -57,6 +58,8 @@ WIPING_DELAY_S = 30.0
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pod sync back-off, capped like the kubelet's (shorter here)
 RUN_SECONDS_ANNOTATION = "sim.nvlfabric.io/run-seconds"
 KUBELET_VERSION = "v1.37.2-nvlfabric-sim"
+GPU_RESOURCE = "nvidia.com/gpu"
+PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (sim/controlplane.py waits longer)
 
 
 def now() -> datetime.datetime:
@@ -139,9 +142,9 @@ class SimKubelet:
         for t in [*self._tasks, *self._pod_tasks.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        stop_all([proc for state in self.nodes.values() for proc in state.processes.values()],
+                 timeout=PROCESS_STOP_TIMEOUT_S)
         for state in self.nodes.values():
-            for proc in state.processes.values():
-                proc.stop()
             for plugin in state.plugins.values():
                 await plugin.close()
 
@@ -157,8 +160,10 @@ class SimKubelet:
 
     def _node_status(self, n: SimNode) -> dict[str, Any]:
         t = rfc3339()
+        # What a GB200 compute tray with NVIDIA's device plugin advertises: its 4 GPUs as the
+        # extended resource nvidia.com/gpu, so GPU requests spread pods as on a real cluster.
         capacity = {"cpu": "144", "memory": "884Gi", "pods": "110", "ephemeral-storage": "3576Gi",
-                    "hugepages-2Mi": "0"}
+                    "hugepages-2Mi": "0", GPU_RESOURCE: str(GPUS_PER_NODE)}
         ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
                  "message": "kubelet is posting ready status", "lastHeartbeatTime": t}
         return {"status": {

@@ -27,12 +27,11 @@ jobs = {}
 for name, pods in WORKLOADS:
     cd = ComputeDomain(name, namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]))
     jobs[name] = BoundJob(
+        # 4 nvidia.com/gpu per pod (the default): a whole compute tray, as the simulated nodes
+        # advertise 4 GPUs each like a GB200 node with NVIDIA's device plugin.
         name, compute_domain=cd, parallelism=pods,
-        # The simulated nodes advertise no nvidia.com/gpu (no device plugin), so no GPU limit here;
-        # on a real GB200 cluster leave gpu_resource at its default and gpus_per_pod=4.
-        gpu_resource=None,
         pod_template={"spec": {
-            # One pod per node, as one pod per compute tray holds all 4 GPUs on a real cluster.
+            # One pod per node (the GPU limit already forces it; the spread says so explicitly).
             "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                            "whenUnsatisfiable": "ScheduleAnyway",
                                            "labelSelector": {"matchLabels": {"batch.kubernetes.io/job-name": name}}}],

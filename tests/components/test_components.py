@@ -192,6 +192,18 @@ def test_a_domain_refuses_more_than_256_pods_over_its_workloads() -> None:
     assert "257 pods" in str(err.value) and "at most 256" in str(err.value)
 
 
+def test_a_domain_awaiting_ready_refuses_bound_workloads() -> None:
+    """Its Job would be created only after the domain is Ready, which needs the Job's pods: `pulumi
+    up` would hang for timeout_s (600 s by default) and fail. Refused at construction instead."""
+    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    cd = ComputeDomain("cd", spec={"numNodes": 18}, await_for="Ready")
+    with pytest.raises(ComponentArgsError) as err:
+        BoundJob("train", compute_domain=cd, pod_template=TEMPLATE, parallelism=72, gpus_per_pod=1)
+    msg = str(err.value)
+    assert "ComputeDomain 'cd': await_for='Ready' with workload 'train' bound to it" in msg
+    assert "timeout_s (600 s)" in msg and "await_for='Accepted'" in msg
+
+
 # -- end to end through the real Pulumi CLI on a simulated rack -----------------------------------
 
 PORTS = free_ports()  # a control plane of its own; free ports so sessions never clash

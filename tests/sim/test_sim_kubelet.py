@@ -125,6 +125,8 @@ def test_nodes_register_ready_with_gb200_capacity_and_renew_leases(cluster: Clus
     client = cluster.client
     node = client.get(Node, sim_nodes[1].name)
     assert node.status.capacity["pods"] == "110" and node.status.capacity["cpu"] == "144"
+    # 4 GPUs, as NVIDIA's device plugin advertises them on a GB200 compute tray
+    assert node.status.capacity["nvidia.com/gpu"] == node.status.allocatable["nvidia.com/gpu"] == "4"
     assert {a.type: a.address for a in node.status.addresses}["InternalIP"] == f"127.10.{RACK}.2"
     assert node.metadata.labels["nvlfabric.io/rack"] == f"rack-{RACK}"
     ready = next(c for c in node.status.conditions if c.type == "Ready")
