@@ -125,9 +125,10 @@ def label_node(client: kubeapi.Client, node: str, found: discovery.NodeDiscovery
 
 def tune_malloc() -> None:
     """glibc malloc settings for a small, long-lived process with gRPC threads (the agent's 60 MB
-    budget): at most two arenas instead of eight per core, and a fixed mmap threshold, so large
-    temporary buffers (a checkpoint's text) go back to the system instead of raising the threshold
-    and staying in the heap. No-op where the C library is not glibc."""
+    budget): one arena for every thread (the driver serialises calls anyway) instead of eight per
+    core, and a fixed mmap threshold, so large temporary buffers (a checkpoint's text) go back to
+    the system instead of raising the threshold and staying in the heap. No-op where the C library
+    is not glibc."""
     import ctypes
     import ctypes.util
 
@@ -137,7 +138,7 @@ def tune_malloc() -> None:
     except (OSError, AttributeError):
         return
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-    mallopt(m_arena_max, 2)
+    mallopt(m_arena_max, 1)
     mallopt(m_mmap_threshold, 128 * 1024)
     mallopt(m_trim_threshold, 256 * 1024)
 

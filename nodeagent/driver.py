@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -140,8 +141,10 @@ class ChannelDriver:
         self.clock = clock
         self._lock = threading.Lock()
         self._domains: dict[str, imex.ImexDomain] = {}
-        self._answers: dict[str, list[PreparedDevice]] = {}
-        """Completed claims this process has answered: the warm path's reply (see the module doc)."""
+        self._answers: dict[str, str] = {}
+        """Completed claims this process has answered, with the request name they were answered for:
+        the warm path rebuilds its reply from the entry (see the module doc). Only the (interned)
+        name is kept: the agent holds one of these per claim, under a memory budget."""
         paths.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.state, report = checkpoint.load(paths.checkpoint, paths.boot_id, clock=clock)
         if not report.ok:
@@ -206,9 +209,10 @@ class ChannelDriver:
         entry = self.state.get(c.uid)
         completed = entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
         if completed and entry is not None and (entry.claim.namespace, entry.claim.name) == (c.namespace, c.name):
-            answer = self._answers.get(c.uid)
-            if answer is not None and self._on_disk(entry):
-                return answer
+            answered = self._answers.get(c.uid)
+            if answered is not None and entry.allocation.device and self._on_disk(entry):
+                pool, _, dev = entry.allocation.device.partition("/")
+                return self._devices(entry, pool, dev, answered)
         claim = self._get_claim(c)
         pool, device, request, config = self._validate(c, claim)
         channel = int(device.removeprefix("channel-"))
@@ -233,9 +237,9 @@ class ChannelDriver:
             entry, completed = None, False
         if completed and entry is not None:
             self._restore(entry)
-            answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
-            return answer
-        ref = checkpoint.ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name)
+            self._answers[entry.uid] = sys.intern(request)
+            return self._devices(entry, pool, device, request)
+        ref = checkpoint.ClaimRef(uid=c.uid, namespace=sys.intern(c.namespace), name=c.name)
         try:
             self._save(checkpoint.start_prepare(self.state, ref, allocation, now=self.clock()))
         except checkpoint.StalePrepareRejected as exc:
@@ -255,8 +259,8 @@ class ChannelDriver:
         self._report(cd.namespace, cd.name, ready=True, message=None)
         entry = self.state.get(c.uid)
         assert entry is not None
-        answer = self._answers[c.uid] = self._devices(entry, pool, device, request)
-        return answer
+        self._answers[entry.uid] = sys.intern(request)
+        return self._devices(entry, pool, device, request)
 
     def _allocation(self, c: ClaimRef, pool: str, device: str, config: ChannelConfig) -> checkpoint.Allocation:
         """What the validated claim gives this node: channels, IMEX domain, pool device."""
@@ -269,7 +273,8 @@ class ChannelDriver:
         return checkpoint.Allocation(
             compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
             channels=tuple(range(checkpoint.IMEX_CHANNEL_COUNT)) if every else (channel,),
-            imex_domain_id=f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{pool.removeprefix('clique-')}",
+            imex_domain_id=sys.intern(f"cd-{config.compute_domain.uid}" if dedicated
+                                      else f"clique-{pool.removeprefix('clique-')}"),
             device=f"{pool}/{device}")
 
     def _on_disk(self, entry: checkpoint.ClaimEntry) -> bool:

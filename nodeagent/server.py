@@ -198,9 +198,9 @@ class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
 
 
 class PluginServer:
-    """Both gRPC servers of one agent; `start()` then `stop()`."""
+    """The agent's kubelet-facing gRPC server (registration and DRA sockets); `start()` then `stop()`."""
 
-    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 8,
+    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 4,
                  health: HealthSource | None = None) -> None:
         paths.check()
         self.paths = paths
@@ -212,41 +212,39 @@ class PluginServer:
         self._workers = workers
         self._servers: list[grpc.Server] = []
 
-    def _serve(self, path: Path, register: Any) -> grpc.Server:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)  # a stale socket of a previous instance of *this* agent
+    def start(self) -> None:
+        """One gRPC server listening on both sockets (the DRA endpoint, then the registration
+        socket the kubelet's plugin watcher looks for): one completion queue and thread pool, not
+        two, in a process with a memory budget. Both sockets are the kubelet's, owner-only."""
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
-        register(server)
-        # The socket is created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+            _dra_servicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1_pb2, self.driver), server)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+            _dra_servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2, self.driver), server)
+        if self.health is not None:
+            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                _Health(self.health, self._stopping), server)
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        # The sockets are created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
         old = os.umask(0o177)
         try:
-            if server.add_insecure_port(f"unix:{path}") == 0:
-                raise OSError(f"could not listen on {path}")
+            for path in (self.paths.endpoint, self.paths.registration):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.unlink(missing_ok=True)  # a stale socket of a previous instance of *this* agent
+                if server.add_insecure_port(f"unix:{path}") == 0:
+                    raise OSError(f"could not listen on {path}")
             server.start()
         finally:
             os.umask(old)
-        return server
-
-    def start(self) -> None:
-        def dra(server: grpc.Server) -> None:
-            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-                _dra_servicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1_pb2, self.driver), server)
-            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-                _dra_servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2, self.driver), server)
-            if self.health is not None:
-                dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                    _Health(self.health, self._stopping), server)
-
-        self._servers.append(self._serve(self.paths.endpoint, dra))
-        self._servers.append(self._serve(
-            self.paths.registration,
-            lambda s: pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, s)))
+        self._servers.append(server)
         log.info("serving DRA on %s, registration on %s", self.paths.endpoint, self.paths.registration)
 
     def stop(self, grace: float = 5.0) -> None:
         self._stopping.set()  # ends open health streams
-        # Registration socket first: the kubelet stops routing calls before the endpoint goes.
-        for server in reversed(self._servers):
+        # The registration socket goes first: the kubelet's plugin watcher deregisters the driver
+        # and stops routing calls before the endpoint closes (in-flight calls get `grace`).
+        self.paths.registration.unlink(missing_ok=True)
+        for server in self._servers:
             server.stop(grace).wait()
         self._servers.clear()
         for path in (self.paths.registration, self.paths.endpoint):
