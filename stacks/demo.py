@@ -118,9 +118,13 @@ def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
     """Per node: the pods placed there and the ComputeDomain and IMEX channel each one got, as the
     simulated container runtime recorded them (the env and device nodes the CDI edits injected)."""
     by_node: dict[str, list[str]] = {}
+    gpus_used: dict[str, int] = {}
     for pod in pods:
         assert pod.metadata is not None and pod.spec is not None
         node = pod.spec.nodeName or "?"
+        gpus = sum(int(((c.resources.limits or {}) if c.resources else {}).get("nvidia.com/gpu", 0))
+                   for c in pod.spec.containers)
+        gpus_used[node] = gpus_used.get(node, 0) + gpus
         for c in pod.spec.containers:
             path = cp.state_dir / "nodes" / node / "containers" / f"default_{pod.metadata.name}_{c.name}.json"
             try:
@@ -131,8 +135,9 @@ def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
             env = dict(e.split("=", 1) for e in rec.get("env") or [])
             devs = ",".join(d["path"].rsplit("/", 1)[1] for d in rec.get("deviceNodes") or [])
             by_node.setdefault(node, []).append(
-                f"{env.get('NVLFABRIC_COMPUTE_DOMAIN', '?')}:{devs or 'no channel'}")
-    print("rack map (per node: ComputeDomain:IMEX channel device of each pod, from the recorded container edits)")
+                f"{env.get('NVLFABRIC_COMPUTE_DOMAIN', '?')}:{devs or 'no channel'} ({gpus} GPU)")
+    print("rack map (per node: GPUs in use of 4, and each pod's ComputeDomain:IMEX channel device and GPUs, from\n"
+          "the recorded container edits)")
     racks: dict[int, list[Any]] = {}
     for n in cp.nodes():
         racks.setdefault(n.rack, []).append(n)
@@ -140,7 +145,7 @@ def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
         used = [n for n in nodes if n.name in by_node]
         print(f"  rack-{rack}: {len(used)}/{len(nodes)} nodes in use")
         for n in used:
-            print(f"    {n.name}  {'  '.join(sorted(by_node[n.name]))}")
+            print(f"    {n.name}  {gpus_used.get(n.name, 0)}/4 GPUs  {'  '.join(sorted(by_node[n.name]))}")
 
 
 def down(cp: ControlPlane) -> None:
