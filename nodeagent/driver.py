@@ -249,11 +249,7 @@ class ChannelDriver:
             self._ensure_dedicated_domain(cd.namespace, cd.name, cd.uid, domain_id, deadline)
         else:
             self._ensure_clique_domain(clique, domain_id, deadline)
-        major = self._channel_major()
-        for ch in allocation.channels:
-            cdi.channel_device_node(self.paths.driver_root, ch, major)
-        spec = cdi.claim_spec(claim_uid=c.uid, channels=allocation.channels, major=major, compute_domain=cd.name)
-        written = cdi.write_claim_spec(self.paths.cdi_dir, c.uid, spec)
+        written = self._write_files(c.uid, allocation)
         self._save(checkpoint.complete_prepare(self.state, c.uid, cdi_spec_file=str(written.path),
                                                cdi_device_ids=written.device_ids, now=self.clock()))
         self._report(cd.namespace, cd.name, ready=True, message=None)
@@ -282,14 +278,17 @@ class ChannelDriver:
         return os.path.exists(entry.cdi_spec_file) and all(
             os.path.exists(cdi.host_channel_path(self.paths.driver_root, ch)) for ch in entry.allocation.channels)
 
+    def _write_files(self, uid: str, allocation: checkpoint.Allocation) -> cdi.SpecWrite:
+        """The claim's channel device nodes under the driver root and its CDI spec (idempotent)."""
+        major = self._channel_major()
+        for ch in allocation.channels:
+            cdi.channel_device_node(self.paths.driver_root, ch, major)
+        return cdi.write_claim_spec(self.paths.cdi_dir, uid, cdi.claim_spec(
+            claim_uid=uid, channels=allocation.channels, major=major, compute_domain=allocation.compute_domain_name))
+
     def _restore(self, entry: checkpoint.ClaimEntry) -> None:
         """Put back a completed claim's channel nodes and CDI spec if something removed them (idempotent)."""
-        major = self._channel_major()
-        for ch in entry.allocation.channels:
-            cdi.channel_device_node(self.paths.driver_root, ch, major)
-        spec = cdi.claim_spec(claim_uid=entry.uid, channels=entry.allocation.channels, major=major,
-                              compute_domain=entry.allocation.compute_domain_name)
-        written = cdi.write_claim_spec(self.paths.cdi_dir, entry.uid, spec)
+        written = self._write_files(entry.uid, entry.allocation)
         if written.changed:
             log.warning("claim %s: its CDI spec %s was missing or different; rewritten", entry.uid, written.path)
 
@@ -571,12 +570,7 @@ class ChannelDriver:
                     allocation = self._allocation(ref, pool, device, config)
                     cref = checkpoint.ClaimRef(uid=uid, namespace=ref.namespace, name=ref.name)
                     cp = checkpoint.start_prepare(self.state, cref, allocation, now=self.clock())
-                    major = self._channel_major()
-                    for ch in allocation.channels:
-                        cdi.channel_device_node(self.paths.driver_root, ch, major)
-                    written = cdi.write_claim_spec(self.paths.cdi_dir, uid, cdi.claim_spec(
-                        claim_uid=uid, channels=allocation.channels, major=major,
-                        compute_domain=allocation.compute_domain_name))
+                    written = self._write_files(uid, allocation)
                     self._save(checkpoint.complete_prepare(cp, uid, cdi_spec_file=str(written.path),
                                                            cdi_device_ids=written.device_ids, now=self.clock()))
                     adopted.append(uid)
