@@ -400,19 +400,8 @@ class ChannelDriver:
         if slot is None:
             raise PrepareError(f"ComputeDomain {namespace}/{name} has no IMEX port slot yet (status.imexPortSlot, set "
                                "by the nvlfabric controller; is it running?); the kubelet will retry")
-        domain = self._domain(domain_id, slot)
-        try:
-            if domain.poll() is not None or domain.pid is None:
-                domain.ensure_running(members)
-            else:
-                domain.update_members(members)
-            budget = min(IMEX_READY_BUDGET_S, deadline - time.monotonic())
-            if budget <= 0:
-                raise imex.ImexNotReady("no time left in the kubelet's 45 s budget", domain.query())
-            domain.wait_ready(budget)
-        except imex.ImexError as exc:
-            raise PrepareError(f"dedicated IMEX daemon of ComputeDomain {namespace}/{name} on node {self.node.name} "
-                               f"is not ready yet ({exc}); the kubelet will retry") from exc
+        self._run_until_ready(self._domain(domain_id, slot), members, deadline,
+                              f"dedicated IMEX daemon of ComputeDomain {namespace}/{name}")
 
     def _release_domain(self, entry: checkpoint.ClaimEntry) -> None:
         """Stop a dedicated domain's daemon once no claim here needs it (the clique's domain stays)."""
@@ -438,20 +427,29 @@ class ChannelDriver:
             self._keep_domains_running(dedicated_only=True)
 
     def _ensure_clique_domain(self, clique: str, domain_id: str, deadline: float) -> None:
-        domain = self._domain(domain_id)
-        members = self._clique_members(clique)
+        self._run_until_ready(self._domain(domain_id), self._clique_members(clique), deadline,
+                              f"IMEX daemon for clique {clique}")
+
+    @staticmethod
+    def _run(domain: imex.ImexDomain, members: Sequence[str]) -> str | None:
+        """Start the daemon if it is not running, else follow the members (SIGUSR1 on a change);
+        says which ("started", "members changed") or None."""
         if domain.poll() is not None or domain.pid is None:
             domain.ensure_running(members)
-        else:
-            domain.update_members(members)
-        budget = min(IMEX_READY_BUDGET_S, deadline - time.monotonic())
+            return "started"
+        return "members changed" if domain.update_members(members) else None
+
+    def _run_until_ready(self, domain: imex.ImexDomain, members: Sequence[str], deadline: float, what: str) -> None:
+        """`_run`, then wait for READY within what is left of the kubelet's budget."""
         try:
+            self._run(domain, members)
+            budget = min(IMEX_READY_BUDGET_S, deadline - time.monotonic())
             if budget <= 0:
                 raise imex.ImexNotReady("no time left in the kubelet's 45 s budget", domain.query())
             domain.wait_ready(budget)
         except imex.ImexError as exc:
-            raise PrepareError(f"IMEX daemon for clique {clique} on node {self.node.name} is not ready yet "
-                               f"({exc}); the kubelet will retry") from exc
+            raise PrepareError(f"{what} on node {self.node.name} is not ready yet ({exc}); "
+                               "the kubelet will retry") from exc
 
     def _save(self, cp: checkpoint.Checkpoint) -> None:
         checkpoint.save(self.paths.checkpoint, cp)
@@ -624,11 +622,12 @@ class ChannelDriver:
                     if clique != self.node.clique:
                         continue  # a former clique has no members here
                     domain, members = self._domain(domain_id), self._clique_members(clique)
-                if domain.poll() is not None or domain.pid is None:
-                    log.warning("IMEX domain %s: daemon not running (exit status %s); starting it", domain_id,
-                                domain.poll())
-                    domain.ensure_running(members)
-                elif domain.update_members(members):
+                status = domain.poll()
+                done = self._run(domain, members)
+                if done == "started":
+                    log.warning("IMEX domain %s: daemon was not running (exit status %s); started it", domain_id,
+                                status)
+                elif done:
                     log.info("IMEX domain %s: members now %s", domain_id, ", ".join(domain.members))
             except (ApiError, OSError, ValueError, imex.ImexError, PrepareError) as exc:
                 log.warning("IMEX domain %s: %s", domain_id, exc)

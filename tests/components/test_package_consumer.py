@@ -20,7 +20,6 @@ import pulumi
 import pytest
 import yaml
 from lightkube import ApiError
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -28,10 +27,9 @@ from components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs
 from components.provider import NvlfabricProvider
 from components.schema import BY_TOKEN, package_schema
 from provider.api import computedomain as cdapi
-from provider.api import crdgen
 from provider.computedomain import CD
 from tests.conftest import Cluster
-from tests.kube import eventually
+from tests.kube import eventually, install_crd
 from tests.pulumi_cli import project_from_fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,21 +95,11 @@ def test_construct_refuses_unknown_and_unresolved_inputs_by_their_schema_names()
 # -- end to end: pulumi package add, get-schema, preview, up, destroy ----------------------------
 
 
-def _established(crd: CustomResourceDefinition) -> bool:
-    conds = crd.status.conditions if crd.status and crd.status.conditions else []
-    return any(c.type == "Established" and c.status == "True" for c in conds)
-
-
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Cluster:
-    """The generated CRD applied (idempotently) and Established: the part of the driver install a
+    """The ComputeDomain CRD installed and Established: the part of the driver install a
     ComputeDomain needs on a control plane without nodes."""
-    client = cluster.client
-    client.apply(CustomResourceDefinition.from_dict(crdgen.build()), field_manager="nvlfabric-crdgen", force=True)
-    deadline = time.monotonic() + 30
-    while not _established(client.get(CustomResourceDefinition, cdapi.CRD_NAME)):
-        assert time.monotonic() < deadline, f"CRD {cdapi.CRD_NAME} not Established after 30 s"
-        time.sleep(0.1)
+    install_crd(cluster.client)
     return cluster
 
 
