@@ -11,6 +11,10 @@ One replica per cluster (same image as the node agent). Each pass it
   clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
   every member starts its daemon on the same ports without talking to the others.
 
+Beside the passes, a `reservations.Reserver` watches unbound pods and channel claims and
+reserves each allocated channel claim for its pending pods in one write, so the scheduler does
+not race itself on the shared claim (nodeagent/reservations.py).
+
 Reconciliation is level-based (a full pass every few seconds), so a missed event never leaves a
 domain stale; `summarize` is pure and table-tested.
 """
@@ -18,6 +22,7 @@ domain stale; `summarize` is pure and table-tested.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 from lightkube.types import PatchType
 
 from nodeagent import pools
+from nodeagent.reservations import Reserver
 from provider.api import computedomain as api
 
 log = logging.getLogger("nvlfabric.controller")
@@ -211,7 +217,11 @@ class Controller:
                           patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
         log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
 
-    def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False) -> None:
+    def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
+            reserve_ahead: bool = True) -> None:
+        if reserve_ahead:
+            threading.Thread(target=Reserver(self.client, pools.DRIVER).run, args=(stop,), name="reserver",
+                             daemon=True).start()
         while not stop():
             try:
                 self.reconcile_pools()

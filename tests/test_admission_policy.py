@@ -5,7 +5,7 @@ ValidatingAdmissionPolicy in deploy/driver/driver.yaml narrows that to the agent
 from its pod-bound token (`authentication.kubernetes.io/node-name`): the `nvlfabric.io/` labels and
 the `NVLinkFabricReady` condition of its own Node and its own `status.nodes[name=<node>]` entry of
 ComputeDomains, nothing else, and no ResourceSlice at all. A second policy keeps the controller's
-ResourceSlices to clique pools of our driver.
+ResourceSlices to clique pools of our driver; its role lets it reserve channel claims for pods.
 
 The tests act with real service-account tokens: one bound to a pod on node-a (as the kubelet gives
 the agent's DaemonSet pod), one not bound to any pod, and one of the controller.
@@ -29,17 +29,26 @@ from lightkube.models.authentication_v1 import BoundObjectReference, TokenReques
 from lightkube.models.core_v1 import Container, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
-from lightkube.models.resource_v1 import Device, ResourcePool, ResourceSliceSpec
+from lightkube.models.resource_v1 import (
+    Device,
+    DeviceClaim,
+    DeviceRequest,
+    ExactDeviceRequest,
+    ResourceClaimSpec,
+    ResourcePool,
+    ResourceSliceSpec,
+)
 from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
-from lightkube.resources.resource_v1 import ResourceSlice
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nodeagent.controller import ComputeDomainResource
+from nodeagent.reservations import PendingPod, reservation_patch
 from provider.api import computedomain as api
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
@@ -440,6 +449,42 @@ def test_controller_may_not_touch_other_drivers_slices(env: Env) -> None:
         controller.close()
         with contextlib.suppress(ApiError):
             env.admin.delete(ResourceSlice, name)
+
+
+def test_controller_may_reserve_a_channel_claim_for_pending_pods(env: Env) -> None:
+    """What nodeagent/reservations.py does with the controller's own token: watch unbound pods
+    and append to an allocated claim's reservedFor (which also takes resourceclaims/binding)."""
+    name = f"rsv-{env.suffix}"
+    env.admin.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace="default"), spec=ResourceClaimSpec(
+        devices=DeviceClaim(requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
+            deviceClassName="imex-channel.nvlfabric.io"))]))))
+    # Two pending pods (kube-controller-manager drops reservations of pods that do not exist).
+    pods = [env.admin.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
+        nodeSelector={"nvlfabric-test": "nowhere"}, containers=[Container(name="c", image="registry.invalid/c")])))
+        for i in range(2)]
+    refs = [{"resource": "pods", "name": p.metadata.name, "uid": p.metadata.uid} for p in pods]
+    env.admin.patch(ResourceClaim.Status, name, {"status": {
+        "allocation": {"devices": {"results": [{"request": "channel", "driver": DRIVER, "pool": f"clique-{CLIQUE}",
+                                                "device": "channel-1"}]}},
+        "reservedFor": refs[:1]}}, namespace="default", patch_type=PatchType.MERGE)
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+    try:
+        unbound = eventually("RBAC to let the controller list unbound pods", lambda: _try(lambda: [
+            p.metadata.name for p in controller.list(Pod, namespace="default", fields={"spec.nodeName": ""})]),
+            timeout=POLICY_EFFECTIVE_S)
+        assert {p.metadata.name for p in pods} <= set(unbound)
+        uid = env.admin.get(ResourceClaim, name, namespace="default").metadata.uid
+        later = PendingPod("default", refs[1]["name"], refs[1]["uid"], frozenset({name}))
+        out = controller.patch(ResourceClaim.Status, name, reservation_patch(uid, [later]), namespace="default",
+                               patch_type=PatchType.JSON)
+        assert [r.to_dict() for r in out.status.reservedFor] == refs
+    finally:
+        controller.close()
+        for p in pods:
+            with contextlib.suppress(ApiError):
+                env.admin.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            env.admin.delete(ResourceClaim, name, namespace="default")
 
 
 def _try(action: Callable[[], Any]) -> Any:

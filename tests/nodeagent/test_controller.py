@@ -1,12 +1,15 @@
 """The controller: clique pools follow the Nodes; each ComputeDomain's summary follows its
-members and its channel claim. Pure phase rules first, then the real API server and scheduler."""
+members and its channel claim; an allocated channel claim is reserved for its pending pods.
+Pure rules first, then the real API server and scheduler."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -30,7 +33,9 @@ from lightkube.types import PatchType
 
 from nodeagent import pools
 from nodeagent.controller import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
+from nodeagent.reservations import PendingPod, Reserver, pending_pod, reservation_patch, to_reserve
 from provider.api import computedomain as api
+from provider.computedomain import channel_claim
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
@@ -203,3 +208,115 @@ def test_a_dedicated_domain_without_a_free_slot_fails_naming_the_way_out() -> No
     assert "CliqueScoped" in out["conditions"][0]["message"]
     ok = summarize(spec, api.ComputeDomainStatus(), 1, ("c.1", 5), port_slot=7, now=T0)
     assert ok["imexPortSlot"] == 7 and ok["phase"] == "Allocating"
+
+
+# ----------------------------------------------------------------------------------------------
+# Reserving a channel claim for its pending pods ahead of the scheduler
+
+def _pod(name: str, *, claims: tuple[str, ...] = ("cd-channel",), ns: str = "default", **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}", **extra.pop("meta", {})}
+    spec = {"resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)],
+            **extra.pop("spec", {})}
+    return {"metadata": meta, "spec": spec, "status": extra.pop("status", {"phase": "Pending"})}
+
+
+@pytest.mark.parametrize(("pod", "why"), [
+    pytest.param(_pod("p", spec={"nodeName": "n1"}), "bound: the scheduler has reserved it", id="bound"),
+    pytest.param(_pod("p", meta={"deletionTimestamp": "2026-11-29T12:00:00Z"}), "being deleted", id="deleting"),
+    pytest.param(_pod("p", status={"phase": "Succeeded"}), "finished", id="done"),
+    pytest.param(_pod("p", claims=()), "uses no named claim", id="no-claim"),
+    pytest.param({"metadata": {"name": "p", "uid": "u"}, "spec": {"resourceClaims": [
+        {"name": "c", "resourceClaimTemplateName": "t"}]}}, "per-pod claims are not shared", id="template-claim"),
+])
+def test_only_unbound_live_pods_that_name_a_claim_are_reserved_ahead(pod: dict[str, Any], why: str) -> None:
+    assert pending_pod(pod) is None, why
+
+
+pending_pods = st.lists(st.builds(
+    PendingPod, namespace=st.sampled_from(["default", "other"]), name=st.text("abc", min_size=1, max_size=3),
+    uid=st.text("uvwxyz", min_size=1, max_size=3),
+    claims=st.frozensets(st.sampled_from(["cd-channel", "x-channel"]), max_size=2)), max_size=60)
+
+
+@given(pending_pods, st.lists(st.text("uvwxyz", min_size=1, max_size=3), max_size=20, unique=True),
+       st.integers(min_value=0, max_value=30))
+def test_reservation_adds_each_waiting_user_of_the_claim_once_and_never_overfills(
+        pods: list[PendingPod], reserved: list[str], limit: int) -> None:
+    out = to_reserve("default", "cd-channel", reserved, pods, limit=limit)
+    uids = [p.uid for p in out]
+    assert len(uids) == len(set(uids)), "a pod reserved twice"
+    assert not set(uids) & set(reserved), "a pod reserved again"
+    assert all(p.namespace == "default" and "cd-channel" in p.claims for p in out)
+    assert len(reserved) + len(out) <= max(limit, len(reserved))
+    eligible = {p.uid for p in pods if p.namespace == "default" and "cd-channel" in p.claims} - set(reserved)
+    assert len(out) == min(len(eligible), max(0, limit - len(reserved))), "room left but a waiting pod left out"
+    test, *adds = reservation_patch("claim-uid", out)
+    assert test == {"op": "test", "path": "/metadata/uid", "value": "claim-uid"}
+    assert all(op["op"] == "add" and op["path"] == "/status/reservedFor/-" for op in adds)
+    assert [op["value"]["uid"] for op in adds] == uids
+
+
+@pytest.mark.cluster
+def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """The first pod allocates the claim; every later pod is in reservedFor before the scheduler
+    binds it, including pods that cannot be placed yet; when such a pod goes, kube-controller-
+    manager drops its entry as it does the scheduler's own."""
+    client, (_, names) = cluster.client, clique_nodes
+    Controller(client, channels_per_clique=4).reconcile_pools()
+    run = names[0].split("-")[1]
+    # The claim as the provider makes it: its opaque channel config is what a strategic-merge
+    # patch of the status trips over (the allocation copies it, and such a patch re-orders it).
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"rsv-{run}", namespace="default"), spec={}))
+    spec = api.ComputeDomainSpec()
+    body = channel_claim(f"rsv-{run}", "default", cd.metadata.uid, spec)
+    claim = body["metadata"]["name"]
+    client.create(ResourceClaim.from_dict(body))
+
+    def pod(name: str, where: str) -> Pod:
+        return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+            nodeSelector={"ctl-test": where}, terminationGracePeriodSeconds=0,
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
+            containers=[Container(name="w", image="registry.invalid/w:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
+
+    def reserved() -> list[str]:
+        st = client.get(ResourceClaim, claim, namespace="default").status
+        return [r.name for r in (st.reservedFor or [])] if st else []
+
+    reserver = Reserver(client, pools.DRIVER, coalesce_s=0.05)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+    placeable = [f"rsv-{run}-{i}" for i in range(12)]
+    stranded = [f"rsv-{run}-nowhere-{i}" for i in range(4)]
+    try:
+        client.create(pod(placeable[0], run))
+        eventually("the first pod to allocate the claim", lambda: reserved() == [placeable[0]] or None)
+        for name in stranded:
+            client.create(pod(name, "nowhere"))
+        for name in placeable[1:]:
+            client.create(pod(name, run))
+        entries = eventually("every pod of the claim to be reserved",
+                             lambda: r if set(r := reserved()) == {*placeable, *stranded} else None)
+        assert len(entries) == len(set(entries)) == 16, f"a pod reserved twice: {entries}"
+        eventually("the placeable pods to be bound", lambda: all(
+            client.get(Pod, n, namespace="default").spec.nodeName for n in placeable) or None)
+        assert not any(client.get(Pod, n, namespace="default").spec.nodeName for n in stranded)
+        assert reserver.reserved >= len(stranded), "the stranded pods were reserved by someone else"
+        assert reserver.patches < reserver.reserved, "one write per pod: nothing was batched"
+
+        for name in stranded:
+            client.delete(Pod, name, namespace="default", grace_period=0)
+        eventually("kube-controller-manager to drop the deleted pods' entries",
+                   lambda: set(reserved()) == set(placeable) or None)
+    finally:
+        stop.set()
+        for name in [*placeable, *stranded]:
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, name, namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ComputeDomainResource, f"rsv-{run}", namespace="default")
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, claim, namespace="default")
+        worker.join(timeout=5)
