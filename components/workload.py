@@ -2,9 +2,11 @@
 
 The component adds what binding takes, so users write none of it: the pod-level claim reference
 to the domain's one shared channel claim (`resourceClaims: [{name: channel, resourceClaimName:
-<claim>}]`), each container's `resources.claims: [{name: channel}]`, and the GPU limit. Placement
-inside one NVLink clique needs no affinity: the claim's allocation carries the clique's node
-selector (docs/architecture.md, "DRA design").
+<claim>}]`), each container's `resources.claims: [{name: channel}]`, the GPU limit, and the
+scheduling gate `nvlfabric.io/channel-reservation`, which nvlfabric's controller lifts once the pod
+is reserved on the claim (nodeagent/reservations.py). Placement inside one NVLink clique needs no
+affinity: the claim's allocation carries the clique's node selector (docs/architecture.md, "DRA
+design").
 
 The workload's shape (`kind`):
 - `Job` (default): an Indexed batch/v1 Job of `parallelism` pods;
@@ -29,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from components._args import DNS_LABEL, ComponentArgsError, validate
 from components._args import labels as nvl_labels
 from components.computedomain import MAX_PODS_PER_DOMAIN, ComputeDomain
+from provider.api.labels import RESERVATION_GATE
 
 CLAIM_REF: Final = "channel"
 GPUS_PER_NODE: Final = 4
@@ -66,6 +69,10 @@ class BoundJobArgs(BaseModel):
     wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
                                           "until every pod is ready")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")
+    reservation_gate: bool = Field(True, description=f"hold each pod with the scheduling gate {RESERVATION_GATE} "
+                                                     "until nvlfabric's controller has reserved the domain's channel "
+                                                     "claim for it, so the pods do not race on the shared claim; "
+                                                     "False leaves scheduling to kube-scheduler alone")
 
     @field_validator("pod_template")
     @classmethod
@@ -107,6 +114,9 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str) -> d
     spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")
     spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),
                               {"name": CLAIM_REF, "resourceClaimName": claim_name}]
+    gates = spec.get("schedulingGates") or []
+    if args.reservation_gate and not any(g.get("name") == RESERVATION_GATE for g in gates):
+        spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]
     for c in spec["containers"]:
         res = c.setdefault("resources", {})
         claims = res.setdefault("claims", [])

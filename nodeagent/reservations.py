@@ -14,27 +14,39 @@ duplicate, and the pass reads the claim again and retries. Not a strategic-merge
 re-orders the keys of the opaque channel config in `status.allocation`, and the unchanged
 allocation then fails validation as "field cannot be modified once set" (1.37).
 
+Reserving after the fact still leaves a race: a pod whose scheduling cycle began before the
+patch landed carries a copy of the claim without itself, and its PreBind appends a duplicate,
+which the API server refuses; the pod fails once and waits out a back-off. Pods that carry the
+scheduling gate `nvlfabric.io/channel-reservation` (BoundJob adds it) avoid even that: the
+scheduler leaves them alone until this lifts the gate, which it does
+- for one pod (the oldest) of a claim that is not allocated yet and has no ungated pending user:
+  the pioneer, whose scheduling allocates the claim;
+- for every other pod once it is in the reservedFor of each allocated channel claim it names.
+
 What is safe to reserve: a pod in the claim's namespace that names the claim in
 `spec.resourceClaims[].resourceClaimName`, is not yet bound to a node, is not being deleted and
 has not finished. kube-controller-manager's resourceclaim controller keeps the entry of a pod
 that exists and removes it when the pod is deleted or done, as it does for the scheduler's own.
-At most 256 entries (the API's `ResourceClaimReservedForMaxSize`); pods beyond that are left to
-the scheduler, which would refuse them anyway until a reservation frees. A claim whose
-`reservedFor` is empty is left alone: it is about to be deallocated.
+At most 256 entries (the API's `ResourceClaimReservedForMaxSize`); further pods wait (gated ones
+stay gated) until a reservation frees. A claim whose `reservedFor` is empty is left alone: it is
+about to be deallocated.
 
-Only channel claims are touched: claims whose allocation came from nvlfabric's clique pools.
+Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
 
 The watches: unbound pods (field selector `spec.nodeName=`, so a busy cluster's running pods
-cost nothing) and resource claims; every change marks its claim for a pass, and a short pause
-before each pass lets a Job controller's burst of pod creations go out as one patch.
+cost nothing) and resource claims; every change marks its claim for a pass, a short pause before
+each pass lets a Job controller's burst of pod creations go out as one patch, and claims with
+gated users are looked at again every few seconds (level-based, so a lost event only delays).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +56,22 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from provider.api.labels import RESERVATION_GATE
+
 log = logging.getLogger("nvlfabric.reservations")
 
 MAX_RESERVED = 256
 """resource.k8s.io: a claim's `status.reservedFor` holds at most this many consumers."""
 COALESCE_S = 0.05
 """Pause before a pass, so pod creations arriving together become one patch."""
+PIONEER_GRACE_S = 5.0
+"""After lifting a pioneer's gate, how long to wait for its claim's allocation before trusting
+that the pioneer is gone (the pod and claim watches are two streams: a bound pioneer can leave
+the pod cache before its allocation reaches the claim cache)."""
+RESYNC_S = 2.0
+UNGATE_WORKERS = 4
+
+Key = tuple[str, str]  # (namespace, claim name)
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,18 @@ class PendingPod:
     name: str
     uid: str
     claims: frozenset[str]  # the resourceClaimName values of spec.resourceClaims
+    gated: bool = False  # carries RESERVATION_GATE
+    created: str = ""  # creationTimestamp: the oldest gated pod is a claim's pioneer
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    """A ResourceClaim, as reservation needs it."""
+
+    uid: str
+    reserved: tuple[str, ...] = ()  # consumer UIDs
+    allocated: bool = False
+    ours: bool = False  # allocated from nvlfabric's pools: a channel claim
 
 
 def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
@@ -71,7 +105,18 @@ def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     claims = frozenset(c["resourceClaimName"] for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName"))
     if not claims or not meta.get("uid"):
         return None
-    return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims)
+    gated = any(g.get("name") == RESERVATION_GATE for g in spec.get("schedulingGates") or [])
+    return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims, gated,
+                      str(meta.get("creationTimestamp") or ""))
+
+
+def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    results = ((allocation or {}).get("devices") or {}).get("results") or []
+    return ClaimState(uid=(claim.get("metadata") or {}).get("uid", ""),
+                      reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
+                      allocated=allocation is not None, ours=any(r.get("driver") == driver for r in results))
 
 
 def to_reserve(namespace: str, claim: str, reserved: Sequence[str], pods: Iterable[PendingPod],
@@ -86,6 +131,31 @@ def to_reserve(namespace: str, claim: str, reserved: Sequence[str], pods: Iterab
     return unique[:room]
 
 
+def pioneer(users: Iterable[PendingPod]) -> PendingPod | None:
+    """The pod whose gate lifts first on a claim not allocated yet (pure): the oldest gated user,
+    and only while no user is ungated (an ungated one will allocate the claim anyway)."""
+    gated = []
+    for p in users:
+        if not p.gated:
+            return None
+        gated.append(p)
+    return min(gated, key=lambda p: (p.created, p.name, p.uid), default=None)
+
+
+def releasable(pod: PendingPod, claims: Mapping[str, ClaimState], pioneer_of: frozenset[str] = frozenset()) -> bool:
+    """Whether `pod`'s gate may lift (pure): every claim it names exists, it is reserved on each
+    allocated channel claim, and it is the pioneer of each claim not allocated yet."""
+    for name in pod.claims:
+        st = claims.get(name)
+        if st is None:
+            return False
+        if st.ours and pod.uid not in st.reserved:
+            return False
+        if not st.allocated and name not in pioneer_of:
+            return False
+    return True
+
+
 def reservation_patch(claim_uid: str, pods: Sequence[PendingPod]) -> list[dict[str, Any]]:
     """A JSON patch of the claim's status appending `pods` to a non-empty `reservedFor`, applied
     only while the claim still has `claim_uid`."""
@@ -94,33 +164,25 @@ def reservation_patch(claim_uid: str, pods: Sequence[PendingPod]) -> list[dict[s
                "value": {"resource": "pods", "name": p.name, "uid": p.uid}} for p in pods)]
 
 
-@dataclass
-class _Claim:
-    uid: str
-    reserved: list[str]
-
-
-def _claim_state(claim: models.ResourceClaim, driver: str) -> _Claim | None:
-    """The claim when it is an allocated channel claim (allocated by `driver`), else None."""
-    st = claim.status
-    if claim.metadata is None or st is None or st.allocation is None or st.allocation.devices is None:
-        return None
-    if not any(r.driver == driver for r in st.allocation.devices.results or []):
-        return None
-    return _Claim(claim.metadata.uid or "", [r.uid for r in st.reservedFor or []])
+UNGATE_PATCH: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": RESERVATION_GATE}]}}
+"""Strategic merge patch removing our gate and no other (schedulingGates merge by name)."""
 
 
 class Reserver:
-    """Watches unbound pods and channel claims; reserves each allocated claim for its pods."""
+    """Watches unbound pods and claims; reserves each allocated channel claim for its pending
+    pods and lifts the reservation gate of pods that are ready to schedule."""
 
     def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S) -> None:
         self.client, self.driver, self.coalesce_s = client, driver, coalesce_s
         self._lock = threading.Condition()
         self._pods: dict[str, PendingPod] = {}  # by uid
-        self._claims: dict[tuple[str, str], _Claim] = {}  # allocated channel claims by (namespace, name)
-        self._dirty: set[tuple[str, str]] = set()
-        self.patches = 0  # status patches written (tests and logs)
+        self._claims: dict[Key, ClaimState] = {}
+        self._dirty: set[Key] = set()
+        self._pioneered: dict[Key, float] = {}  # claim → when its pioneer's gate was lifted
+        self._pool = ThreadPoolExecutor(UNGATE_WORKERS, thread_name_prefix="ungate")
+        self.patches = 0  # claim status patches written (tests and logs)
         self.reserved = 0  # pods reserved ahead
+        self.ungated = 0  # gates lifted
 
     # -- watches -------------------------------------------------------------------------------
 
@@ -133,19 +195,18 @@ class Reserver:
                 self._pods.pop(uid, None)
                 return
             self._pods[uid] = pod
-            self._dirty.update((pod.namespace, c) for c in pod.claims if (pod.namespace, c) in self._claims)
+            self._dirty.update((pod.namespace, c) for c in pod.claims)
             self._lock.notify()
 
     def _claim_event(self, kind: str, obj: ResourceClaim) -> None:
         if obj.metadata is None:
             return
         key = (obj.metadata.namespace or "default", obj.metadata.name or "")
-        state = None if kind == "DELETED" else _claim_state(obj, self.driver)
         with self._lock:
-            if state is None:
+            if kind == "DELETED":
                 self._claims.pop(key, None)
                 return
-            self._claims[key] = state
+            self._claims[key] = claim_state(obj.to_dict(), self.driver)
             self._dirty.add(key)
             self._lock.notify()
 
@@ -179,26 +240,30 @@ class Reserver:
     # -- passes --------------------------------------------------------------------------------
 
     def pass_once(self) -> None:
-        """Reserve every dirty claim for its pending pods (what the worker does after each pause)."""
+        """Reserve, then release, every dirty claim (what the worker does after each pause)."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         for key in sorted(dirty):
-            self._reserve(*key)
-
-    def _plan(self, key: tuple[str, str]) -> tuple[_Claim, list[PendingPod]] | None:
+            self._reserve(key)
+        releases: list[PendingPod] = []
         with self._lock:
-            claim = self._claims.get(key)
-            if claim is None or not claim.reserved:
-                return None
-            return claim, to_reserve(*key, claim.reserved, self._pods.values())
+            for key in sorted(dirty):
+                releases.extend(self._releases(key))
+        self._ungate(list({p.uid: p for p in releases}.values()))
 
-    def _reserve(self, namespace: str, name: str, attempts: int = 3) -> None:
-        key = (namespace, name)
+    def _users(self, key: Key) -> list[PendingPod]:
+        return [p for p in self._pods.values() if p.namespace == key[0] and key[1] in p.claims]
+
+    def _reserve(self, key: Key, attempts: int = 3) -> None:
+        namespace, name = key
         for attempt in range(attempts):
-            plan = self._plan(key)
-            if plan is None or not plan[1]:
+            with self._lock:
+                claim = self._claims.get(key)
+                if claim is None or not claim.ours or not claim.reserved:
+                    return
+                pods = to_reserve(namespace, name, claim.reserved, self._users(key))
+            if not pods:
                 return
-            claim, pods = plan
             try:
                 out = self.client.patch(ResourceClaim.Status, name, reservation_patch(claim.uid, pods),
                                         namespace=namespace, patch_type=PatchType.JSON)
@@ -215,7 +280,54 @@ class Reserver:
             log.info("claim %s/%s: reserved for %d pending pods ahead of the scheduler", namespace, name, len(pods))
             return
 
-    def _refresh(self, key: tuple[str, str]) -> None:
+    def _releases(self, key: Key) -> list[PendingPod]:
+        """The gated users of `key` whose gate may lift now (call with the lock held)."""
+        users = self._users(key)
+        claim = self._claims.get(key)
+        if claim is None or not any(p.gated for p in users):
+            return []
+        first: PendingPod | None = None
+        if not claim.allocated:
+            since = self._pioneered.get(key)
+            if since is None or time.monotonic() - since > PIONEER_GRACE_S:
+                first = pioneer(users)
+        else:
+            self._pioneered.pop(key, None)
+        out = []
+        for p in users:
+            if not p.gated:
+                continue
+            claims = {c: st for c in p.claims if (st := self._claims.get((p.namespace, c))) is not None}
+            if releasable(p, claims, frozenset({key[1]}) if p is first else frozenset()):
+                out.append(p)
+                if p is first:
+                    self._pioneered[key] = time.monotonic()
+        return out
+
+    def _ungate(self, pods: list[PendingPod]) -> None:
+        if not pods:
+            return
+        done = [p for p, ok in zip(pods, self._pool.map(self._ungate_one, pods), strict=True) if ok]
+        with self._lock:
+            for p in done:
+                if p.uid in self._pods:
+                    self._pods[p.uid] = dataclasses.replace(p, gated=False)
+        self.ungated += len(done)
+        if done:
+            log.info("lifted the channel-reservation gate of %d pods (%s/%s ...)", len(done), done[0].namespace,
+                     done[0].name)
+
+    def _ungate_one(self, pod: PendingPod) -> bool:
+        try:
+            self.client.patch(Pod, pod.name, UNGATE_PATCH, namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+            return True
+        except ApiError as exc:
+            if exc.status.code != 404:
+                log.warning("pod %s/%s: lifting the reservation gate failed: %s", pod.namespace, pod.name,
+                            exc.status.message)
+            return False
+
+    def _refresh(self, key: Key) -> None:
         try:
             self._store(key, self.client.get(ResourceClaim, key[1], namespace=key[0]))
         except ApiError as exc:
@@ -224,13 +336,14 @@ class Reserver:
             with self._lock:
                 self._claims.pop(key, None)
 
-    def _store(self, key: tuple[str, str], claim: models.ResourceClaim) -> None:
-        state = _claim_state(claim, self.driver)
+    def _store(self, key: Key, claim: models.ResourceClaim) -> None:
         with self._lock:
-            if state is None:
-                self._claims.pop(key, None)
-            else:
-                self._claims[key] = state
+            self._claims[key] = claim_state(claim.to_dict(), self.driver)
+
+    def _resync(self) -> None:
+        """Mark every claim with a gated user dirty (level-based: a lost event only delays)."""
+        with self._lock:
+            self._dirty.update((p.namespace, c) for p in self._pods.values() if p.gated for c in p.claims)
 
     def run(self, stop: Callable[[], bool]) -> None:
         """Both watches in threads of their own; passes here until `stop()`."""
@@ -239,13 +352,20 @@ class Reserver:
                 (ResourceClaim, self._claim_event, self._reset_claims, {})):
             threading.Thread(target=self._follow, args=(res, handler, reset, stop), kwargs=selector,
                              name=f"watch-{res.__name__}", daemon=True).start()
-        while not stop():
-            with self._lock:
-                if not self._dirty:
-                    self._lock.wait(timeout=1.0)
-                    continue
-            time.sleep(self.coalesce_s)
-            try:
-                self.pass_once()
-            except Exception:  # one failed pass must not end reservation
-                log.exception("reservation pass failed")
+        last_resync = time.monotonic()
+        try:
+            while not stop():
+                if time.monotonic() - last_resync > RESYNC_S:
+                    self._resync()
+                    last_resync = time.monotonic()
+                with self._lock:
+                    if not self._dirty:
+                        self._lock.wait(timeout=1.0)
+                        continue
+                time.sleep(self.coalesce_s)
+                try:
+                    self.pass_once()
+                except Exception:  # one failed pass must not end reservation
+                    log.exception("reservation pass failed")
+        finally:
+            self._pool.shutdown(wait=False)

@@ -26,7 +26,14 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
-from lightkube.models.core_v1 import Container, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec
+from lightkube.models.core_v1 import (
+    Container,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodSchedulingGate,
+    PodSpec,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.models.resource_v1 import (
@@ -48,8 +55,9 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nodeagent.controller import ComputeDomainResource
-from nodeagent.reservations import PendingPod, reservation_patch
+from nodeagent.reservations import UNGATE_PATCH, PendingPod, reservation_patch
 from provider.api import computedomain as api
+from provider.api.labels import RESERVATION_GATE
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
@@ -61,7 +69,7 @@ DRIVER = "channel.nvlfabric.io"
 # What the tests install from driver.yaml: everything but the workloads (nothing would run them).
 INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
            "ValidatingAdmissionPolicyBinding"}
-POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices")
+POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods")
 FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
 POLICY_EFFECTIVE_S = 30.0
@@ -485,6 +493,36 @@ def test_controller_may_reserve_a_channel_claim_for_pending_pods(env: Env) -> No
                 env.admin.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
         with contextlib.suppress(ApiError):
             env.admin.delete(ResourceClaim, name, namespace="default")
+
+
+def test_controller_may_only_lift_the_reservation_gate_of_a_pod(env: Env) -> None:
+    name = f"gated-{env.suffix}"
+    env.admin.create(Pod(metadata=ObjectMeta(name=name, namespace="default", labels={"app": "w"}), spec=PodSpec(
+        schedulingGates=[PodSchedulingGate(name="example.com/other"), PodSchedulingGate(name=RESERVATION_GATE)],
+        containers=[Container(name="c", image="registry.invalid/c")])))
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+
+    def gates() -> list[str]:
+        return [g.name for g in env.admin.get(Pod, name, namespace="default").spec.schedulingGates or []]
+
+    def lift(gate: str) -> Any:
+        return controller.patch(Pod, name, {"spec": {"schedulingGates": [{"$patch": "delete", "name": gate}]}},
+                                namespace="default", patch_type=PatchType.STRATEGIC)
+
+    try:
+        msg = eventually_denied(lambda: lift("example.com/other"))
+        assert "nvlfabric-controller may only lift the scheduling gate nvlfabric.io/channel-reservation" in msg
+        assert f"UPDATE of pod default/{name} changes schedulingGates other than" in msg
+        msg = denied(lambda: controller.patch(Pod, name, {"metadata": {"labels": {"app": "x"}}}, namespace="default",
+                                              patch_type=PatchType.STRATEGIC))
+        assert msg.endswith("changes metadata.labels")
+        assert gates() == ["example.com/other", RESERVATION_GATE]
+        controller.patch(Pod, name, UNGATE_PATCH, namespace="default", patch_type=PatchType.STRATEGIC)
+        assert gates() == ["example.com/other"]
+    finally:
+        controller.close()
+        with contextlib.suppress(ApiError):
+            env.admin.delete(Pod, name, namespace="default", grace_period=0)
 
 
 def _try(action: Callable[[], Any]) -> Any:

@@ -9,3 +9,6 @@ CLIQUE_LABEL: Final = "nvlfabric.io/clique"
 FABRIC_READY_LABEL: Final = "nvlfabric.io/fabric-ready"
 POOL_LABEL: Final = "nvlfabric.io/pool"
 """On a ResourceSlice: the channel pool it belongs to."""
+RESERVATION_GATE: Final = "nvlfabric.io/channel-reservation"
+"""A pod scheduling gate (BoundJob adds it): the controller lifts it once the pod is in its
+channel claim's reservedFor, so the scheduler never races itself on the shared claim."""

@@ -156,6 +156,18 @@ def test_every_workload_shape_binds_its_pods_to_the_domain(kind: str) -> None:
     assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "channel"}],
                                                          "limits": {"nvidia.com/gpu": "2"}}
     assert pod["spec"]["restartPolicy"] == ("Never" if kind in ("Job", "JobSet") else "Always")
+    # held until nvlfabric's controller has reserved the claim for the pod (nodeagent/reservations.py)
+    assert pod["spec"]["schedulingGates"] == [{"name": "nvlfabric.io/channel-reservation"}]
+
+
+def test_the_reservation_gate_keeps_the_users_gates_and_can_be_left_out() -> None:
+    tpl = {"spec": {"containers": [{"name": "a", "image": "i"}], "schedulingGates": [{"name": "example.com/q"}]}}
+    args = BoundJobArgs(name="j", pod_template=tpl)
+    spec = workload_manifests(args, namespace="ml", claim_name="c", domain="cd")[-1]["spec"]["template"]["spec"]
+    assert spec["schedulingGates"] == [{"name": "example.com/q"}, {"name": "nvlfabric.io/channel-reservation"}]
+    off = BoundJobArgs(name="j", pod_template=TEMPLATE, reservation_gate=False)
+    assert "schedulingGates" not in workload_manifests(off, namespace="ml", claim_name="c",
+                                                       domain="cd")[-1]["spec"]["template"]["spec"]
 
 
 def test_driver_objects_apply_the_settings_and_label_everything() -> None:

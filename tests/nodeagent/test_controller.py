@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube import ApiError
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingGate, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import (
@@ -27,14 +27,24 @@ from lightkube.models.resource_v1 import (
     ExactDeviceRequest,
     ResourceClaimSpec,
 )
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nodeagent import pools
 from nodeagent.controller import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
-from nodeagent.reservations import PendingPod, Reserver, pending_pod, reservation_patch, to_reserve
+from nodeagent.reservations import (
+    ClaimState,
+    PendingPod,
+    Reserver,
+    pending_pod,
+    pioneer,
+    releasable,
+    reservation_patch,
+    to_reserve,
+)
 from provider.api import computedomain as api
+from provider.api.labels import RESERVATION_GATE
 from provider.computedomain import channel_claim
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
@@ -320,3 +330,102 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
         with contextlib.suppress(ApiError):
             client.delete(ResourceClaim, claim, namespace="default")
         worker.join(timeout=5)
+
+
+@pytest.mark.cluster
+def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """BoundJob's pods carry the reservation gate: the controller lifts one (the pioneer, whose
+    scheduling allocates the claim), reserves the claim for the others in one write and lifts
+    their gates; the scheduler never races on the claim. A pod whose claim does not exist stays
+    gated."""
+    client, (_, names) = cluster.client, clique_nodes
+    Controller(client, channels_per_clique=4).reconcile_pools()
+    run = names[0].split("-")[1]
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"gate-{run}", namespace="default"), spec={}))
+    body = channel_claim(f"gate-{run}", "default", cd.metadata.uid, api.ComputeDomainSpec())
+    claim = body["metadata"]["name"]
+    client.create(ResourceClaim.from_dict(body))
+
+    def pod(name: str, claim_name: str) -> Pod:
+        return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+            nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
+            schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)],
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim_name)],
+            containers=[Container(name="w", image="registry.invalid/w:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
+
+    reserver = Reserver(client, pools.DRIVER)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+    members = [f"gate-{run}-{i}" for i in range(16)]
+    orphan = f"gate-{run}-orphan"
+    try:
+        for name in members:
+            client.create(pod(name, claim))
+        client.create(pod(orphan, f"gate-{run}-missing"))
+        eventually("every member to be bound", lambda: all(
+            (p := client.get(Pod, n, namespace="default")).spec and p.spec.nodeName for n in members) or None)
+        st = client.get(ResourceClaim, claim, namespace="default").status
+        assert st and sorted(r.name for r in st.reservedFor or []) == sorted(members)
+        assert reserver.ungated == len(members)
+        assert reserver.reserved == len(members) - 1, "the pioneer reserves itself; the controller the rest"
+        assert reserver.patches <= 3, f"{reserver.patches} writes for {len(members) - 1} reservations"
+        failed = [e.involvedObject.name for e in client.list(Event, namespace="default",
+                                                             fields={"reason": "FailedScheduling"})
+                  if e.involvedObject.name in members]
+        assert not failed, f"pods failed scheduling: {failed}"
+        gates = client.get(Pod, orphan, namespace="default").spec.schedulingGates
+        assert [g.name for g in gates or []] == [RESERVATION_GATE], "a pod without its claim was let go"
+    finally:
+        stop.set()
+        for name in [*members, orphan]:
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, name, namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ComputeDomainResource, f"gate-{run}", namespace="default")
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, claim, namespace="default")
+        worker.join(timeout=5)
+
+
+def _pp(name: str, *, gated: bool = True, created: str = "t1", claims: tuple[str, ...] = ("a",)) -> PendingPod:
+    return PendingPod("default", name, f"uid-{name}", frozenset(claims), gated, created)
+
+
+def test_the_pioneer_is_the_oldest_gated_pod_and_only_while_no_pod_is_ungated() -> None:
+    assert pioneer([_pp("b", created="t2"), _pp("c", created="t1"), _pp("a", created="t3")]).name == "c"
+    assert pioneer([_pp("b"), _pp("a")]).name == "a", "equal ages: by name"
+    assert pioneer([_pp("b", created="t0"), _pp("x", gated=False)]) is None, "an ungated pod will allocate the claim"
+    assert pioneer([]) is None
+
+
+ALLOCATED = ClaimState("c-uid", ("uid-p",), allocated=True, ours=True)
+
+
+@pytest.mark.parametrize(("claims", "pioneer_of", "release"), [
+    pytest.param({"a": ALLOCATED}, frozenset(), True, id="reserved-on-its-channel-claim"),
+    pytest.param({"a": ClaimState("c-uid", ("uid-x",), True, True)}, frozenset(), False, id="not-reserved-yet"),
+    pytest.param({}, frozenset(), False, id="claim-missing"),
+    pytest.param({"a": ClaimState("c-uid")}, frozenset(), False, id="unallocated-not-pioneer"),
+    pytest.param({"a": ClaimState("c-uid")}, frozenset({"a"}), True, id="unallocated-pioneer"),
+    pytest.param({"a": ClaimState("c-uid", (), True, False)}, frozenset(), True, id="another-drivers-claim"),
+])
+def test_a_gate_lifts_once_the_pod_is_reserved_on_each_channel_claim(
+        claims: dict[str, ClaimState], pioneer_of: frozenset[str], release: bool) -> None:
+    assert releasable(_pp("p"), claims, pioneer_of) is release
+
+
+def test_a_pod_of_two_claims_waits_for_both() -> None:
+    pod = _pp("p", claims=("a", "b"))
+    assert not releasable(pod, {"a": ALLOCATED, "b": ClaimState("b-uid", (), True, True)})
+    assert releasable(pod, {"a": ALLOCATED, "b": ClaimState("b-uid", ("uid-p",), True, True)})
+
+
+def test_a_pending_pod_knows_whether_it_waits_for_the_reservation_gate() -> None:
+    gated = pending_pod(_pod("p", spec={"schedulingGates": [{"name": "x/other"}, {"name": RESERVATION_GATE}]},
+                             meta={"creationTimestamp": "2026-11-29T12:00:00Z"}))
+    assert gated is not None and gated.gated and gated.created == "2026-11-29T12:00:00Z"
+    other = pending_pod(_pod("p", spec={"schedulingGates": [{"name": "x/other"}]}))
+    assert other is not None and not other.gated
