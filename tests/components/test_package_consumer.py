@@ -1,6 +1,7 @@
-"""The components reused from another language: the component provider (components/plugin) consumed
-by a Pulumi YAML project (examples/yaml-consumer) through `pulumi package add`, with the real CLI,
-our Python language host and the YAML language host, on the session's control plane.
+"""The components reused from other languages: the component provider (components/plugin) consumed
+through `pulumi package add` by a Pulumi YAML project (examples/yaml-consumer) and by a TypeScript
+project (examples/ts-consumer, with a generated SDK), with the real CLI, our Python language host,
+the YAML language host and our Node.js language host, on the session's control plane.
 
 The pure tests check that the schema is derived from the pydantic models and how Construct maps
 inputs; the end-to-end test adds the package, reads its schema back through the CLI, fails a
@@ -10,6 +11,9 @@ preview on a bad argument, runs `up` and `destroy`.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -30,7 +34,7 @@ from provider.api import computedomain as cdapi
 from provider.computedomain import CD
 from tests.conftest import Cluster
 from tests.kube import eventually, install_crd
-from tests.pulumi_cli import project_from_fixture
+from tests.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "components" / "plugin"
@@ -170,6 +174,101 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
         assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvlfabric"
         api.client.get(ResourceClaim, f"{domain}-channel", namespace="default")
+        pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
+        assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
+        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
+        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
+    finally:
+        timed("destroy", "destroy", "--yes", "--skip-preview")
+    for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
+        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
+    print(f"timings (s): {timings}")
+
+
+# -- the same from TypeScript: a generated SDK, typed inputs, our Node.js language host ----------
+
+TS_EXAMPLE = REPO / "examples" / "ts-consumer"
+
+
+def npm_cache() -> Path:
+    """npm's download cache, outside the checkout, so fresh clones and CI reuse it."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nvlfabric" / "npm"
+
+
+def npm(proj: PulumiProject, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["npm", *args, "--no-audit", "--no-fund", "--prefer-offline"], cwd=proj.workdir,
+                          env=proj.env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"npm {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.mark.cluster
+@pytest.mark.pulumi
+def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
+    timings: dict[str, float] = {}
+
+    def timed(step: str, *args: str, check: bool = True) -> Any:
+        start = time.monotonic()
+        proc = proj.run(*args, check=check)
+        timings[step] = round(time.monotonic() - start, 1)
+        return proc
+
+    assert shutil.which("node") and shutil.which("npm"), \
+        "the TypeScript consumer needs Node.js (>= 20) and npm on PATH (Debian: apt-get install nodejs npm)"
+    proj = project_from_fixture(TS_EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
+    # npm fetches @pulumi/pulumi and TypeScript from its registry: no refusing proxy for this
+    # project (the CLI stays offline by its own settings: no plugin downloads, no update checks).
+    for key in OFFLINE:
+        proj.env.pop(key, None)
+    proj.env["npm_config_cache"] = str(npm_cache())
+    project_file = proj.workdir / "Pulumi.yaml"
+    committed = yaml.safe_load(project_file.read_text())
+    assert committed["packages"] == {"nvlfabric": "../../components/plugin"}
+    project_file.write_text(yaml.safe_dump({k: v for k, v in committed.items() if k != "packages"}, sort_keys=False))
+    start = time.monotonic()
+    npm(proj, "install")
+    timings["npm install"] = round(time.monotonic() - start, 1)
+
+    added = timed("package add", "package", "add", str(PLUGIN))
+    out = added.stdout + added.stderr
+    assert "Added package nvlfabric" in out and 'import * as nvlfabric from "@pulumi/nvlfabric";' in out, out
+    assert yaml.safe_load(project_file.read_text())["packages"] == {"nvlfabric": str(PLUGIN)}
+    manifest = json.loads((proj.workdir / "package.json").read_text())
+    assert manifest["dependencies"]["@pulumi/nvlfabric"] == "file:sdks/nvlfabric"
+    sdk = proj.workdir / "sdks" / "nvlfabric"
+    assert json.loads((sdk / "package.json").read_text())["pulumi"] == {"resource": True, "name": "nvlfabric",
+                                                                        "version": "0.1.0"}
+    assert (sdk / "bin" / "index.js").exists(), "npm did not compile the generated SDK"
+    # The generated class carries the descriptions of the pydantic fields as its doc comments.
+    assert BoundJobArgs.model_fields["gpus_per_pod"].description in (sdk / "boundJob.ts").read_text()
+
+    domain = f"ts-{uuid.uuid4().hex[:6]}"
+    proj.run("stack", "init", "test")
+    proj.run("config", "set", "domain", domain)
+    # TypeScript's types catch a wrong kind of value before anything runs, naming the property...
+    program = proj.workdir / "index.ts"
+    good = program.read_text()
+    program.write_text(good.replace("parallelism: 2,", 'parallelism: "two",'))
+    bad = timed("preview (type error)", "preview", check=False)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "index.ts" in out and "TS2322" in out and "number" in out, out
+    program.write_text(good)
+    # ...and the provider what types cannot say, naming the input as the program writes it.
+    proj.run("config", "set", "gpusPerPod", "5")
+    bad = timed("preview (bad argument)", "preview", check=False)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert "nvlfabric:index:BoundJob resource 'trainer' has a problem: invalid arguments" in out, out
+    assert "property gpusPerPod with value '{5}' has a problem: Input should be less than or equal to 4" in out
+    proj.run("config", "set", "gpusPerPod", "4")
+
+    try:
+        timed("up", "up", "--yes", "--skip-preview")
+        outputs = proj.json("stack", "output", "--json")
+        assert outputs == {"claimName": f"{domain}-channel", "namespace": "default", "job": domain}
+        obj = api.client.get(CD, domain, namespace="default").to_dict()
+        assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
         pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
         assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
         assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
