@@ -8,8 +8,8 @@ hash of the wrapper's files, so a fresh clone (and CI on the same machine) reuse
     ${NVLFABRIC_TOOLS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/nvlfabric/tools}/<tool>-<version>-<os>-<arch>-<hash>/
 
 The checkout gets only links: build/bin/ (every binary, the Pulumi CLI first among them),
-build/pulumi-home/plugins/ (the Kubernetes provider and the YAML and Node.js language hosts,
-installed the way `pulumi plugin install` lays them out) and build/tools.json, the manifest that `nvlfabric-sim` reads.
+build/pulumi-home/plugins/ (the Kubernetes provider and the YAML language host, installed the way
+`pulumi plugin install` lays them out) and build/tools.json, the manifest that `nvlfabric-sim` reads.
 
 Only the standard library is used: this runs before the project's virtualenv exists.
 """
@@ -150,9 +150,10 @@ def pulumi_recipe(tool: Tool, out: Path) -> list[Step]:
         Step("go build pulumi", ["go", "build", "-trimpath", "-tags", "osusergo grpcnotrace",
                                  "-ldflags", f"-s -w {version_flag}", "-o", str(out / "pulumi"),
                                  "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"], tool.wrapper, env),
-        Step("go build pulumi-language-python",
+        Step("go build pulumi-language-python pulumi-language-nodejs",
              ["go", "build", "-trimpath", "-ldflags", f"-s -w -X main.version={tool.version}",
-              "-o", str(out / "pulumi-language-python"), "./cmd/pulumi-language-python"], tool.wrapper, env),
+              "-o", str(out) + "/", "./cmd/pulumi-language-python", "./cmd/pulumi-language-nodejs"],
+             tool.wrapper, env),
     ]
 
 
@@ -162,13 +163,6 @@ def pulumi_yaml_recipe(tool: Tool, out: Path) -> list[Step]:
                  ["go", "build", "-trimpath", "-ldflags", f"-s -w {version_flag}", "-o",
                   str(out / "pulumi-language-yaml"), "./cmd/pulumi-language-yaml"],
                  tool.wrapper)]
-
-
-def pulumi_nodejs_recipe(tool: Tool, out: Path) -> list[Step]:
-    return [Step("go build pulumi-language-nodejs",
-                 ["go", "build", "-trimpath", "-ldflags", f"-s -w -X main.version={tool.version}", "-o",
-                  str(out / "pulumi-language-nodejs"), "./cmd/pulumi-language-nodejs"],
-                 tool.wrapper, go_env())]
 
 
 def pulumi_assemble(tool: Tool, out: Path) -> None:
@@ -223,16 +217,12 @@ TOOLS: list[Tool] = [
          ["kube-apiserver", "kube-scheduler", "kube-controller-manager"], k8s_recipe),
     Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, TOOLS_DIR / "etcd", ["etcd"], etcd_recipe),
     Tool("pulumi", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi",
-         ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python"],
-         pulumi_recipe),
+         ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python",
+          "pulumi-language-nodejs"], pulumi_recipe),
     Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
          TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
     Tool("pulumi-yaml", "github.com/pulumi/pulumi-yaml", PULUMI_YAML_VERSION, TOOLS_DIR / "pulumi-yaml",
          ["pulumi-language-yaml"], pulumi_yaml_recipe),
-    # Our own Node.js language host (the official one's module is not served), for TypeScript
-    # consumers of the component provider.
-    Tool("pulumi-nodejs", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi-nodejs",
-         ["pulumi-language-nodejs"], pulumi_nodejs_recipe),
     # Our wire-compatibility checker, built on the official k8s.io/kubelet generated clients.
     Tool("kubeletcheck", "k8s.io/kubelet", "v0.37.2", TOOLS_DIR / "kubeletcheck", ["kubeletcheck"],
          kubeletcheck_recipe),
@@ -341,12 +331,12 @@ def install_links() -> dict[str, object]:
                 plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{tool.version}"
                 plugin_dir.mkdir(parents=True, exist_ok=True)
                 _relink(plugin_dir / name, cached / name)
-            elif name in ("pulumi-language-yaml", "pulumi-language-nodejs"):
-                # The CLI finds the python host "bundled" beside its own (symlink-resolved) binary,
-                # which is in another cache dir; with ambient plugins ignored (the offline env) the
-                # other hosts must be in the plugin cache. build/bin gets them too, for PATH users.
-                language = name.removeprefix("pulumi-language-")
-                plugin_dir = pulumi_home / "plugins" / f"language-{language}-{tool.version}"
+            elif name == "pulumi-language-yaml":
+                # The CLI finds our Python and Node.js hosts "bundled" beside its own (symlink-
+                # resolved) binary, in the pulumi tool's cache dir; the YAML host is in another, and
+                # with ambient plugins ignored (the offline env) it must be in the plugin cache.
+                # build/bin gets it too, for PATH users.
+                plugin_dir = pulumi_home / "plugins" / f"language-yaml-{tool.version}"
                 plugin_dir.mkdir(parents=True, exist_ok=True)
                 _relink(plugin_dir / name, cached / name)
                 _relink(bindir / name, cached / name)

@@ -1,10 +1,12 @@
 // Wrapper module: builds the Pulumi CLI (github.com/pulumi/pulumi/pkg/v3/cmd/pulumi) at the release
-// that matches the pinned pulumi Python SDK, and our own Python language host (cmd/).
+// that matches the pinned pulumi Python SDK, and our own Python and Node.js language hosts (cmd/,
+// sharing langhost/; the Node.js host uses pkg/v3's nodejs code generator for `pulumi package add`).
 module nvlfabric.io/tools/pulumi
 
 go 1.26.6
 
 require (
+	github.com/pulumi/pulumi/pkg/v3 v3.260.0
 	github.com/pulumi/pulumi/sdk/v3 v3.260.0
 	google.golang.org/grpc v1.83.2
 	google.golang.org/protobuf v1.36.12
@@ -204,7 +206,6 @@ require (
 	github.com/power-devops/perfstat v0.0.0-20210106213030-5aafc221ea8c // indirect
 	github.com/pulumi/appdash v0.0.0-20231130102222-75f619a67231 // indirect
 	github.com/pulumi/inflector v0.1.1 // indirect
-	github.com/pulumi/pulumi/pkg/v3 v3.260.0 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/rogpeppe/go-internal v1.14.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect

@@ -24,7 +24,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -36,88 +35,32 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	pbempty "google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/pulumi/pulumi/sdk/v3/go/common/util/rpcutil"
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
+	"nvlfabric.io/tools/pulumi/langhost"
 )
 
 // version is stamped by tools/build.py with -ldflags "-X main.version=...".
 var version = "0.0.0-dev"
 
-// bailExitCode is the exit code pulumi-language-python-exec uses after it has already printed a
-// user-actionable error; the engine must not print a second, generic one.
-const bailExitCode = 32
-
 func main() {
-	flags := flag.NewFlagSet("pulumi-language-python", flag.ContinueOnError)
-	// The engine may pass these; we accept and ignore the ones we have no use for.
-	_ = flags.String("tracing", "", "Zipkin-compatible tracing endpoint (ignored)")
-	_ = flags.Int("v", 0, "log verbosity (ignored)")
-	_ = flags.Bool("logtostderr", false, "log to stderr (ignored)")
-	_ = flags.Bool("logflow", false, "flow logging settings to child processes (ignored)")
-	root := flags.String("root", "", "project root directory (fallback when Handshake is not used)")
-	if err := flags.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if flags.NArg() < 1 {
-		fmt.Fprintln(os.Stderr, "usage: pulumi-language-python [flags] ENGINE_ADDRESS")
-		os.Exit(2)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pulumi-language-python: cannot find own path: %v\n", err)
-		os.Exit(1)
-	}
-	host := &languageHost{
-		engineAddress: flags.Arg(0),
-		execScript:    filepath.Join(filepath.Dir(self), "pulumi-language-python-exec"),
-		rootDir:       *root,
-	}
-	cancel := make(chan bool)
-	handle, err := rpcutil.ServeWithOptions(rpcutil.ServeOptions{
-		Cancel: cancel,
-		Init: func(srv *grpc.Server) error {
-			pulumirpc.RegisterLanguageRuntimeServer(srv, host)
-			return nil
-		},
-		Options: rpcutil.OpenTracingServerInterceptorOptions(nil),
+	langhost.Serve("pulumi-language-python", func(engineAddress, root string) pulumirpc.LanguageRuntimeServer {
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pulumi-language-python: cannot find own path: %v\n", err)
+			os.Exit(1)
+		}
+		return &languageHost{
+			Base:       langhost.NewBase(version, engineAddress, root),
+			execScript: filepath.Join(filepath.Dir(self), "pulumi-language-python-exec"),
+		}
 	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pulumi-language-python: could not start gRPC server: %v\n", err)
-		os.Exit(1)
-	}
-	// The engine reads the port from our first line of stdout.
-	fmt.Printf("%d\n", handle.Port)
-	if err := <-handle.Done; err != nil {
-		fmt.Fprintf(os.Stderr, "pulumi-language-python: gRPC server stopped: %v\n", err)
-		os.Exit(1)
-	}
 }
 
 type languageHost struct {
-	pulumirpc.UnimplementedLanguageRuntimeServer
+	*langhost.Base
 
-	mu            sync.Mutex
-	engineAddress string
-	execScript    string
-	rootDir       string
-}
-
-func (h *languageHost) Handshake(
-	_ context.Context, req *pulumirpc.LanguageHandshakeRequest,
-) (*pulumirpc.LanguageHandshakeResponse, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.engineAddress = req.GetEngineAddress()
-	if req.RootDirectory != nil {
-		h.rootDir = req.GetRootDirectory()
-	}
-	return &pulumirpc.LanguageHandshakeResponse{}, nil
-}
-
-func (h *languageHost) GetPluginInfo(context.Context, *pbempty.Empty) (*pulumirpc.PluginInfo, error) {
-	return &pulumirpc.PluginInfo{Version: version}, nil
+	execScript string
 }
 
 // python picks the interpreter for a program: its virtualenv when Pulumi.yaml names one.
@@ -191,13 +134,7 @@ func (h *languageHost) requiredPackages(info *pulumirpc.ProgramInfo) ([]*pulumir
 	}
 	deps := make([]*pulumirpc.PackageDependency, 0, len(plugins))
 	for _, p := range plugins {
-		v := p.Version
-		if v != "" && !strings.HasPrefix(v, "v") {
-			v = "v" + v
-		}
-		deps = append(deps, &pulumirpc.PackageDependency{
-			Name: p.Name, Kind: "resource", Version: v, Server: p.Server,
-		})
+		deps = append(deps, langhost.Package(p.Name, p.Version, p.Server))
 	}
 	return deps, nil
 }
@@ -219,13 +156,7 @@ func (h *languageHost) GetRequiredPlugins(
 	if err != nil {
 		return nil, err
 	}
-	plugins := make([]*pulumirpc.PluginDependency, 0, len(deps))
-	for _, d := range deps {
-		plugins = append(plugins, &pulumirpc.PluginDependency{
-			Name: d.GetName(), Kind: d.GetKind(), Version: d.GetVersion(), Server: d.GetServer(),
-		})
-	}
-	return &pulumirpc.GetRequiredPluginsResponse{Plugins: plugins}, nil
+	return langhost.Plugins(deps), nil
 }
 
 // programPath is what runpy runs: the entry point inside the program directory ("." means the
@@ -249,17 +180,13 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	if err != nil {
 		return &pulumirpc.RunResponse{Error: err.Error()}, nil
 	}
-	h.mu.Lock()
-	engine := h.engineAddress
-	h.mu.Unlock()
-
 	args := []string{"-u", h.execScript,
 		"--project", req.GetProject(),
 		"--stack", req.GetStack(),
 		"--parallel", fmt.Sprint(req.GetParallel()),
 		"--dry_run", fmt.Sprint(req.GetDryRun()),
 		"--monitor", req.GetMonitorAddress(),
-		"--engine", engine,
+		"--engine", h.EngineAddress(),
 		"--organization", req.GetOrganization(),
 	}
 	if root := req.GetInfo().GetRootDirectory(); root != "" {
@@ -271,44 +198,15 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	args = append(args, programPath(req.GetInfo(), req.GetProgram()))
 	args = append(args, req.GetArgs()...)
 
-	// A stack without config sends nil: encode {} and [] (the SDK reads "null" as no mapping and fails).
-	configMap := req.GetConfig()
-	if configMap == nil {
-		configMap = map[string]string{}
-	}
-	secretList := req.GetConfigSecretKeys()
-	if secretList == nil {
-		secretList = []string{}
-	}
-	config, err := json.Marshal(configMap)
+	config, err := langhost.ConfigEnv(req)
 	if err != nil {
-		return nil, fmt.Errorf("encoding stack config: %w", err)
+		return nil, err
 	}
-	secretKeys, err := json.Marshal(secretList)
-	if err != nil {
-		return nil, fmt.Errorf("encoding secret config keys: %w", err)
-	}
-
 	cmd := exec.CommandContext(ctx, python, args...)
 	cmd.Dir = req.GetPwd()
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(),
-		"PULUMI_CONFIG="+string(config),
-		"PULUMI_CONFIG_SECRET_KEYS="+string(secretKeys),
-	)
-	if err := cmd.Run(); err != nil {
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			if exitErr.ExitCode() == bailExitCode {
-				return &pulumirpc.RunResponse{Bail: true}, nil
-			}
-			return &pulumirpc.RunResponse{Error: fmt.Sprintf("Program exited with non-zero exit code: %d",
-				exitErr.ExitCode())}, nil
-		}
-		return &pulumirpc.RunResponse{Error: fmt.Sprintf("Problem executing program (could not run %s): %v",
-			python, err)}, nil
-	}
-	return &pulumirpc.RunResponse{}, nil
+	cmd.Env = append(os.Environ(), config...)
+	return langhost.RunResult(cmd.Run(), python), nil
 }
 
 // streamWriter forwards a child process's output to a RunPlugin stream, one chunk per write.
@@ -452,12 +350,6 @@ func (h *languageHost) About(_ context.Context, req *pulumirpc.AboutRequest) (*p
 		Executable: python,
 		Version:    strings.TrimSpace(strings.TrimPrefix(string(out), "Python ")),
 	}, nil
-}
-
-func (h *languageHost) RuntimeOptionsPrompts(
-	context.Context, *pulumirpc.RuntimeOptionsRequest,
-) (*pulumirpc.RuntimeOptionsResponse, error) {
-	return &pulumirpc.RuntimeOptionsResponse{}, nil
 }
 
 var _ io.Writer = streamWriter{}

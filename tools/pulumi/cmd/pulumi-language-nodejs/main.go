@@ -29,90 +29,33 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 
 	"google.golang.org/grpc"
-	pbempty "google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/pulumi/pulumi/pkg/v3/codegen/nodejs"
 	"github.com/pulumi/pulumi/pkg/v3/codegen/schema"
-	"github.com/pulumi/pulumi/sdk/v3/go/common/util/rpcutil"
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
+
+	"nvlfabric.io/tools/pulumi/langhost"
 )
 
 // version is stamped by tools/build.py with -ldflags "-X main.version=...".
 var version = "0.0.0-dev"
 
-// bailExitCode is what @pulumi/pulumi's run script exits with after it has printed a
-// user-actionable error; the engine must not print a second, generic one.
-const bailExitCode = 32
-
 func main() {
-	flags := flag.NewFlagSet("pulumi-language-nodejs", flag.ContinueOnError)
-	// The engine may pass these; we accept and ignore the ones we have no use for.
-	_ = flags.String("tracing", "", "Zipkin-compatible tracing endpoint (ignored)")
-	_ = flags.Int("v", 0, "log verbosity (ignored)")
-	_ = flags.Bool("logtostderr", false, "log to stderr (ignored)")
-	_ = flags.Bool("logflow", false, "flow logging settings to child processes (ignored)")
-	_ = flags.Bool("typescript", true, "obsolete: set runtime.options.typescript in Pulumi.yaml instead")
-	root := flags.String("root", "", "project root directory (fallback when Handshake is not used)")
-	if err := flags.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if flags.NArg() < 1 {
-		fmt.Fprintln(os.Stderr, "usage: pulumi-language-nodejs [flags] ENGINE_ADDRESS")
-		os.Exit(2)
-	}
-	host := &languageHost{engineAddress: flags.Arg(0), rootDir: *root}
-	handle, err := rpcutil.ServeWithOptions(rpcutil.ServeOptions{
-		Cancel: make(chan bool),
-		Init: func(srv *grpc.Server) error {
-			pulumirpc.RegisterLanguageRuntimeServer(srv, host)
-			return nil
-		},
-		Options: rpcutil.OpenTracingServerInterceptorOptions(nil),
+	langhost.Serve("pulumi-language-nodejs", func(engineAddress, root string) pulumirpc.LanguageRuntimeServer {
+		return &languageHost{Base: langhost.NewBase(version, engineAddress, root)}
 	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pulumi-language-nodejs: could not start gRPC server: %v\n", err)
-		os.Exit(1)
-	}
-	// The engine reads the port from our first line of stdout.
-	fmt.Printf("%d\n", handle.Port)
-	if err := <-handle.Done; err != nil {
-		fmt.Fprintf(os.Stderr, "pulumi-language-nodejs: gRPC server stopped: %v\n", err)
-		os.Exit(1)
-	}
 }
 
 type languageHost struct {
-	pulumirpc.UnimplementedLanguageRuntimeServer
-
-	mu            sync.Mutex
-	engineAddress string
-	rootDir       string
-}
-
-func (h *languageHost) Handshake(
-	_ context.Context, req *pulumirpc.LanguageHandshakeRequest,
-) (*pulumirpc.LanguageHandshakeResponse, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.engineAddress = req.GetEngineAddress()
-	if req.RootDirectory != nil {
-		h.rootDir = req.GetRootDirectory()
-	}
-	return &pulumirpc.LanguageHandshakeResponse{}, nil
-}
-
-func (h *languageHost) GetPluginInfo(context.Context, *pbempty.Empty) (*pulumirpc.PluginInfo, error) {
-	return &pulumirpc.PluginInfo{Version: version}, nil
+	*langhost.Base
 }
 
 // node is the Node.js executable: $PULUMI_NODEJS_NODE, else node on PATH.
@@ -122,7 +65,7 @@ func node() (string, error) {
 	}
 	path, err := exec.LookPath("node")
 	if err != nil {
-		return "", errors.New("node is not on PATH: install Node.js (>= 18), or set PULUMI_NODEJS_NODE")
+		return "", errors.New("node is not on PATH: install Node.js (>= 20), or set PULUMI_NODEJS_NODE")
 	}
 	return path, nil
 }
@@ -205,13 +148,10 @@ func requiredPackages(dir string) ([]*pulumirpc.PackageDependency, error) {
 		if v == "" {
 			v = pj.Version
 		}
-		if v != "" && !strings.HasPrefix(v, "v") {
-			v = "v" + v
-		}
-		if key := name + "@" + v; !seen[key] {
+		dep := langhost.Package(name, v, pj.Pulumi.Server)
+		if key := name + "@" + dep.GetVersion(); !seen[key] {
 			seen[key] = true
-			deps = append(deps, &pulumirpc.PackageDependency{Name: name, Kind: "resource", Version: v,
-				Server: pj.Pulumi.Server})
+			deps = append(deps, dep)
 		}
 	}
 	return deps, nil
@@ -234,35 +174,16 @@ func (h *languageHost) GetRequiredPlugins(
 	if err != nil {
 		return nil, err
 	}
-	plugins := make([]*pulumirpc.PluginDependency, 0, len(deps))
-	for _, d := range deps {
-		plugins = append(plugins, &pulumirpc.PluginDependency{
-			Name: d.GetName(), Kind: d.GetKind(), Version: d.GetVersion(), Server: d.GetServer(),
-		})
-	}
-	return &pulumirpc.GetRequiredPluginsResponse{Plugins: plugins}, nil
+	return langhost.Plugins(deps), nil
 }
 
 // runEnv is the program's environment: the stack's config, and how to treat TypeScript.
 func runEnv(req *pulumirpc.RunRequest) ([]string, error) {
-	// A stack without config sends nil: encode {} and [] (the SDK parses the variables as JSON).
-	configMap := req.GetConfig()
-	if configMap == nil {
-		configMap = map[string]string{}
-	}
-	secretList := req.GetConfigSecretKeys()
-	if secretList == nil {
-		secretList = []string{}
-	}
-	config, err := json.Marshal(configMap)
+	config, err := langhost.ConfigEnv(req)
 	if err != nil {
-		return nil, fmt.Errorf("encoding stack config: %w", err)
+		return nil, err
 	}
-	secretKeys, err := json.Marshal(secretList)
-	if err != nil {
-		return nil, fmt.Errorf("encoding secret config keys: %w", err)
-	}
-	env := append(os.Environ(), "PULUMI_CONFIG="+string(config), "PULUMI_CONFIG_SECRET_KEYS="+string(secretKeys))
+	env := append(os.Environ(), config...)
 	typescript := true
 	if opts := req.GetInfo().GetOptions(); opts != nil {
 		m := opts.AsMap()
@@ -286,17 +207,13 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	if err != nil {
 		return &pulumirpc.RunResponse{Error: err.Error()}, nil
 	}
-	h.mu.Lock()
-	engine := h.engineAddress
-	h.mu.Unlock()
-
 	program := dir
 	if entry := req.GetInfo().GetEntryPoint(); entry != "" && entry != "." {
 		program = filepath.Join(dir, entry)
 	}
 	args := []string{script,
 		"--monitor=" + req.GetMonitorAddress(),
-		"--engine=" + engine,
+		"--engine=" + h.EngineAddress(),
 		"--project=" + req.GetProject(),
 		"--stack=" + req.GetStack(),
 		"--organization=" + req.GetOrganization(),
@@ -320,19 +237,7 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	cmd.Dir = req.GetPwd()
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Env = env
-	if err := cmd.Run(); err != nil {
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			if exitErr.ExitCode() == bailExitCode {
-				return &pulumirpc.RunResponse{Bail: true}, nil
-			}
-			return &pulumirpc.RunResponse{Error: fmt.Sprintf("Program exited with non-zero exit code: %d",
-				exitErr.ExitCode())}, nil
-		}
-		return &pulumirpc.RunResponse{Error: fmt.Sprintf("Problem executing program (could not run %s): %v",
-			nodeBin, err)}, nil
-	}
-	return &pulumirpc.RunResponse{}, nil
+	return langhost.RunResult(cmd.Run(), nodeBin), nil
 }
 
 // GeneratePackage writes the TypeScript SDK of a package schema into req.Directory.
@@ -475,10 +380,4 @@ func (h *languageHost) About(context.Context, *pulumirpc.AboutRequest) (*pulumir
 		return nil, fmt.Errorf("%s --version: %w", nodeBin, err)
 	}
 	return &pulumirpc.AboutResponse{Executable: nodeBin, Version: strings.TrimPrefix(strings.TrimSpace(string(out)), "v")}, nil
-}
-
-func (h *languageHost) RuntimeOptionsPrompts(
-	context.Context, *pulumirpc.RuntimeOptionsRequest,
-) (*pulumirpc.RuntimeOptionsResponse, error) {
-	return &pulumirpc.RuntimeOptionsResponse{}, nil
 }
