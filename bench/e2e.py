@@ -2,9 +2,11 @@
 
 The whole path, timed from the start of `pulumi up` (the real CLI, a local file:// backend, the
 components of `components/`) on the simulator: the ComputeDomain provider creates the domain and
-its channel claim, the Job controller creates the pods, the scheduler places them, allocates the
-claim and reserves it for each pod, the simulated kubelets call the node agents' DRA plugins, the
-agents start the clique's IMEX stand-ins and report their node, the controller summarises. Nodes
+its channel claim, the Job controller creates the pods (held by BoundJob's reservation gate), the
+controller lets one pod through, whose scheduling allocates the claim, reserves the claim for the
+other pods in one write and lifts their gates (nodeagent/reservations.py), the scheduler places
+them, the simulated kubelets call the node agents' DRA plugins, the agents start the clique's IMEX
+stand-ins and report their node, the controller summarises. Nodes
 are GB200 compute trays advertising `nvidia.com/gpu: 4`; pods ask for one GPU each, so the
 scheduler must spread them 4 per node.
 

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,7 +185,8 @@ def test_a_v1beta1_only_plugin_is_called_on_v1beta1(cluster: Cluster, sim_nodes:
     plugin.versions = ["v1beta1.DRAPlugin"]
     plugin.registered.clear()
     plugin.start()
-    time.sleep(1.5)  # the kubelet notices the socket was replaced on its next scans
+    # The kubelet notices the replaced socket on one of its next scans and registers it again.
+    assert plugin.registered.wait(timeout=30), "the kubelet did not register the restarted plugin"
     client = cluster.client
     pod = make_pod(client, plugin.driver, sim_nodes[0].name)
     eventually("the pod to run", lambda: phase(client, pod) == "Running")
