@@ -365,6 +365,9 @@ def main() -> int:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps({k: round(v, 2) for k, v in results.items()}, indent=2) + "\n")
 
+    # A stopped benchmark (SIGTERM, e.g. from `timeout`) unwinds like an error, so each scenario's
+    # simulator is taken down instead of left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="nvlbe-", dir="/tmp") as tmp:
         for name in only:
             for tuned in (False, True) if RUN_TUNED else (False,):
