@@ -358,11 +358,14 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
     reserver = Reserver(client, pools.DRIVER)
     stop = threading.Event()
     worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
-    worker.start()
     members = [f"gate-{run}-{i}" for i in range(16)]
     orphan = f"gate-{run}-orphan"
     try:
-        for name in members:
+        # Half the pods exist before the controller starts (found by its first listing), half after.
+        for name in members[:8]:
+            client.create(pod(name, claim))
+        worker.start()
+        for name in members[8:]:
             client.create(pod(name, claim))
         client.create(pod(orphan, f"gate-{run}-missing"))
         eventually("every member to be bound", lambda: all(
@@ -387,7 +390,8 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
             client.delete(ComputeDomainResource, f"gate-{run}", namespace="default")
         with contextlib.suppress(ApiError):
             client.delete(ResourceClaim, claim, namespace="default")
-        worker.join(timeout=5)
+        if worker.is_alive():
+            worker.join(timeout=5)
 
 
 def _pp(name: str, *, gated: bool = True, created: str = "t1", claims: tuple[str, ...] = ("a",)) -> PendingPod:
