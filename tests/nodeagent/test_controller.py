@@ -162,6 +162,48 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
 
 
 @pytest.mark.cluster
+def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """The loop's interval here is 300 s: only the ComputeDomain watch can make the summary follow
+    the agents' entries within the wait below."""
+    client, (clique, names) = cluster.client, clique_nodes
+    ctl = Controller(client, channels_per_clique=4)
+    run = names[0].split("-")[1]
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"live-{run}", namespace="default"), spec={}))
+    body = channel_claim(f"live-{run}", "default", cd.metadata.uid, api.ComputeDomainSpec())
+    client.create(ResourceClaim.from_dict(body))
+    stop = threading.Event()
+    loop = threading.Thread(target=ctl.run, kwargs={"interval_s": 300.0, "stop": stop.is_set, "reserve_ahead": False},
+                            daemon=True)
+    loop.start()
+    pod = f"live-{run}-0"
+    try:
+        client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+            nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=body["metadata"]["name"])],
+            containers=[Container(name="w", image="registry.invalid/w:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+        eventually("the pod to be bound", lambda: client.get(Pod, pod, namespace="default").spec.nodeName)
+        for node in names:  # what each member's agent writes
+            entry = api.node_status_apply(f"live-{run}", "default", api.NodeStatus(name=node, ready=True,
+                                                                                    clique=clique))
+            client.patch(ComputeDomainResource.Status, f"live-{run}", entry, namespace="default",
+                         patch_type=PatchType.APPLY, field_manager=f"nvlfabric-agent-{node}", force=True)
+        status = eventually("the summary to follow the members", lambda: (
+            s if (s := client.get(ComputeDomainResource, f"live-{run}", namespace="default").status or {}
+                  ).get("phase") == "Ready" else None), timeout=20)
+        assert status["clique"] == clique and status["readyNodes"] == 2
+    finally:
+        stop.set()
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, pod, namespace="default", grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ComputeDomainResource, f"live-{run}", namespace="default")
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, body["metadata"]["name"], namespace="default")
+
+
+@pytest.mark.cluster
 def test_uninstalling_the_driver_withdraws_the_pools(cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
     client, (clique, _) = cluster.client, clique_nodes
     ctl = Controller(client, channels_per_clique=4)
