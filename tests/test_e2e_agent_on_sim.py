@@ -126,10 +126,11 @@ def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlan
             assert rec["deviceNodes"] == [{"path": f"/dev/nvidia-caps-imex-channels/channel{channel[cd]}",
                                            "type": "c", "major": 507, "minor": channel[cd]}], (pod, rec)
             assert f"NVLFABRIC_COMPUTE_DOMAIN={cd}" in rec["env"]  # type: ignore[operator]
-        status = eventually("domain a to be Ready", lambda: (
+        # Without numNodes a domain is Ready once every member placed so far is: wait for both.
+        status = eventually("domain a to be Ready on both its nodes", lambda: (
             s if (s := client.get(ComputeDomainResource, a, namespace="default").status or {}).get("phase") == "Ready"
-            else None), timeout=60)
-        assert status["clique"] == clique and status["channel"] == channel[a] and status["readyNodes"] == 2
+            and s.get("readyNodes") == 2 else None), timeout=60)
+        assert status["clique"] == clique and status["channel"] == channel[a] and status["totalNodes"] == 2
     finally:
         for cd, count in ((a, 2), (b, 1)):
             for i in range(count):
