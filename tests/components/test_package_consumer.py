@@ -117,18 +117,59 @@ def _gone(api: Cluster, res: Any, name: str) -> bool:
     return False
 
 
+class Timed:
+    """Runs pulumi commands of a project, recording how long each named step took."""
+
+    def __init__(self, proj: PulumiProject) -> None:
+        self.proj = proj
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, step: str, *args: str, check: bool = True) -> Any:
+        start = time.monotonic()
+        proc = self.proj.run(*args, check=check)
+        self.timings[step] = round(time.monotonic() - start, 1)
+        return proc
+
+
+def bad_gpus_fail_the_preview(timed: Timed) -> None:
+    """`gpusPerPod: 5` fails the preview, naming the input as the consumer's program writes it."""
+    timed.proj.run("config", "set", "gpusPerPod", "5")
+    bad = timed("preview (bad argument)", "preview", check=False)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert "nvlfabric:index:BoundJob resource 'trainer' has a problem: invalid arguments" in out, out
+    assert "property gpusPerPod with value '{5}' has a problem: Input should be less than or equal to 4" in out
+    assert "GPUs per pod, 0..4" in out and "Traceback" not in out
+    timed.proj.run("config", "set", "gpusPerPod", "4")
+
+
+def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Timed, domain: str) -> None:
+    proj = timed.proj
+    try:
+        timed("up", "up", "--yes", "--skip-preview")
+        outputs = proj.json("stack", "output", "--json")
+        assert outputs == {"claimName": f"{domain}-channel", "namespace": "default", "job": domain}
+        obj = api.client.get(CD, domain, namespace="default").to_dict()
+        assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvlfabric"
+        api.client.get(ResourceClaim, f"{domain}-channel", namespace="default")
+        pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
+        assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
+        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
+        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
+    finally:
+        timed("destroy", "destroy", "--yes", "--skip-preview")
+    for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
+        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
+    print(f"timings (s): {timed.timings}")
+
+
 @pytest.mark.cluster
 @pytest.mark.pulumi
 def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
-    timings: dict[str, float] = {}
-
-    def timed(step: str, *args: str, check: bool = True) -> Any:
-        start = time.monotonic()
-        proc = proj.run(*args, check=check)
-        timings[step] = round(time.monotonic() - start, 1)
-        return proc
-
     proj = project_from_fixture(EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
+    timed = Timed(proj)
     # Start from the project as it was before `pulumi package add`.
     project_file = proj.workdir / "Pulumi.yaml"
     committed = yaml.safe_load(project_file.read_text())
@@ -147,7 +188,7 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     # The schema the CLI gets from the plugin is the one derived from the pydantic models.
     start = time.monotonic()
     schema = json.loads(proj.run("package", "get-schema", str(PLUGIN)).stdout)
-    timings["package get-schema"] = round(time.monotonic() - start, 1)
+    timed.timings["package get-schema"] = round(time.monotonic() - start, 1)
     cd_inputs = schema["resources"][CD_TOKEN]["inputProperties"]
     assert cd_inputs["namespace"]["description"] == ComputeDomainArgs.model_fields["namespace"].description
     assert cd_inputs["spec"]["$ref"] == "#/types/nvlfabric:index:ComputeDomainSpec"
@@ -157,33 +198,8 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     proj.run("stack", "init", "test")
     proj.run("config", "set", "domain", domain)
     # A bad argument fails the preview, naming the input as the YAML program writes it and the fix.
-    proj.run("config", "set", "gpusPerPod", "5")
-    bad = timed("preview (bad argument)", "preview", check=False)
-    out = bad.stdout + bad.stderr
-    assert bad.returncode != 0
-    assert "nvlfabric:index:BoundJob resource 'trainer' has a problem: invalid arguments" in out, out
-    assert "property gpusPerPod with value '{5}' has a problem: Input should be less than or equal to 4" in out
-    assert "GPUs per pod, 0..4" in out and "Traceback" not in out
-    proj.run("config", "set", "gpusPerPod", "4")
-
-    try:
-        timed("up", "up", "--yes", "--skip-preview")
-        outputs = proj.json("stack", "output", "--json")
-        assert outputs == {"claimName": f"{domain}-channel", "namespace": "default", "job": domain}
-        obj = api.client.get(CD, domain, namespace="default").to_dict()
-        assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
-        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvlfabric"
-        api.client.get(ResourceClaim, f"{domain}-channel", namespace="default")
-        pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
-        assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
-        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
-        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
-        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
-    finally:
-        timed("destroy", "destroy", "--yes", "--skip-preview")
-    for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
-        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
-    print(f"timings (s): {timings}")
+    bad_gpus_fail_the_preview(timed)
+    up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain)
 
 
 # -- the same from TypeScript: a generated SDK, typed inputs, our Node.js language host ----------
@@ -206,17 +222,10 @@ def npm(proj: PulumiProject, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.cluster
 @pytest.mark.pulumi
 def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
-    timings: dict[str, float] = {}
-
-    def timed(step: str, *args: str, check: bool = True) -> Any:
-        start = time.monotonic()
-        proc = proj.run(*args, check=check)
-        timings[step] = round(time.monotonic() - start, 1)
-        return proc
-
     assert shutil.which("node") and shutil.which("npm"), \
         "the TypeScript consumer needs Node.js (>= 20) and npm on PATH (Debian: apt-get install nodejs npm)"
     proj = project_from_fixture(TS_EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
+    timed = Timed(proj)
     # npm fetches @pulumi/pulumi and TypeScript from its registry: no refusing proxy for this
     # project (the CLI stays offline by its own settings: no plugin downloads, no update checks).
     for key in OFFLINE:
@@ -228,7 +237,7 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
     project_file.write_text(yaml.safe_dump({k: v for k, v in committed.items() if k != "packages"}, sort_keys=False))
     start = time.monotonic()
     npm(proj, "install")
-    timings["npm install"] = round(time.monotonic() - start, 1)
+    timed.timings["npm install"] = round(time.monotonic() - start, 1)
 
     added = timed("package add", "package", "add", str(PLUGIN))
     out = added.stdout + added.stderr
@@ -255,27 +264,5 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
     assert bad.returncode != 0 and "index.ts" in out and "TS2322" in out and "number" in out, out
     program.write_text(good)
     # ...and the provider what types cannot say, naming the input as the program writes it.
-    proj.run("config", "set", "gpusPerPod", "5")
-    bad = timed("preview (bad argument)", "preview", check=False)
-    out = bad.stdout + bad.stderr
-    assert bad.returncode != 0
-    assert "nvlfabric:index:BoundJob resource 'trainer' has a problem: invalid arguments" in out, out
-    assert "property gpusPerPod with value '{5}' has a problem: Input should be less than or equal to 4" in out
-    proj.run("config", "set", "gpusPerPod", "4")
-
-    try:
-        timed("up", "up", "--yes", "--skip-preview")
-        outputs = proj.json("stack", "output", "--json")
-        assert outputs == {"claimName": f"{domain}-channel", "namespace": "default", "job": domain}
-        obj = api.client.get(CD, domain, namespace="default").to_dict()
-        assert obj["spec"]["numNodes"] == 2 and obj["spec"]["imexMode"] == "CliqueScoped"
-        pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
-        assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
-        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
-        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
-        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
-    finally:
-        timed("destroy", "destroy", "--yes", "--skip-preview")
-    for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
-        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
-    print(f"timings (s): {timings}")
+    bad_gpus_fail_the_preview(timed)
+    up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain)

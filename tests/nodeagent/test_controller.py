@@ -87,6 +87,17 @@ def test_an_unchanged_condition_keeps_its_transition_time() -> None:
     assert later["conditions"][0]["lastTransitionTime"] == first["conditions"][0]["lastTransitionTime"]
 
 
+def channel_pod(name: str, claim: str, where: str, *, gated: bool = False) -> Pod:
+    """A pod using `claim` (a domain's shared channel claim) on the test nodes labelled
+    `ctl-test=<where>`, optionally held by the reservation gate as BoundJob's pods are."""
+    return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"ctl-test": where}, terminationGracePeriodSeconds=0,
+        schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)] if gated else None,
+        resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
+        containers=[Container(name="w", image="registry.invalid/w:1",
+                              resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
+
+
 @pytest.fixture
 def clique_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
     cluster_uuid = uuid.uuid4()
@@ -124,11 +135,7 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
             return client.get(ComputeDomainResource, cd, namespace="default").status.get("phase")
 
         assert phase() == "Pending"
-        client.create(Pod(metadata=ObjectMeta(name=f"{cd}-0", namespace="default"), spec=PodSpec(
-            nodeSelector={"ctl-test": run},
-            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{cd}-channel")],
-            containers=[Container(name="w", image="registry.invalid/w:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+        client.create(channel_pod(f"{cd}-0", f"{cd}-channel", run))
         eventually("the channel to be allocated", lambda: phase() == "Allocating")
 
         def report(node: str, ready: bool) -> None:  # what each node's agent writes
@@ -178,11 +185,7 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
     loop.start()
     pod = f"live-{run}-0"
     try:
-        client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
-            nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
-            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=body["metadata"]["name"])],
-            containers=[Container(name="w", image="registry.invalid/w:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+        client.create(channel_pod(pod, body["metadata"]["name"], run))
         eventually("the pod to be bound", lambda: client.get(Pod, pod, namespace="default").spec.nodeName)
         for node in names:  # what each member's agent writes
             entry = api.node_status_apply(f"live-{run}", "default", api.NodeStatus(name=node, ready=True,
@@ -326,11 +329,7 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
     client.create(ResourceClaim.from_dict(body))
 
     def pod(name: str, where: str) -> Pod:
-        return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
-            nodeSelector={"ctl-test": where}, terminationGracePeriodSeconds=0,
-            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
-            containers=[Container(name="w", image="registry.invalid/w:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
+        return channel_pod(name, claim, where)
 
     def reserved() -> list[str]:
         st = client.get(ResourceClaim, claim, namespace="default").status
@@ -390,12 +389,7 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
     client.create(ResourceClaim.from_dict(body))
 
     def pod(name: str, claim_name: str) -> Pod:
-        return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
-            nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
-            schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)],
-            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim_name)],
-            containers=[Container(name="w", image="registry.invalid/w:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
+        return channel_pod(name, claim_name, run, gated=True)
 
     reserver = Reserver(client, pools.DRIVER)
     stop = threading.Event()
