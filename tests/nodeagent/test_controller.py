@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from lightkube import ApiError
+from lightkube import ApiError, Client
 from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingGate, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
@@ -98,6 +98,26 @@ def channel_pod(name: str, claim: str, where: str, *, gated: bool = False) -> Po
                               resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
 
 
+def provider_domain(client: Client, name: str) -> str:
+    """A ComputeDomain and its channel claim as the provider makes them (the claim's opaque channel
+    config is what a strategic-merge patch of its status trips over); returns the claim's name."""
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
+    body = channel_claim(name, "default", cd.metadata.uid, api.ComputeDomainSpec())
+    client.create(ResourceClaim.from_dict(body))
+    return str(body["metadata"]["name"])
+
+
+def remove_domain(client: Client, name: str, claim: str, pods: list[str]) -> None:
+    """Delete what a test made of a domain, whatever of it exists."""
+    for pod in pods:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, pod, namespace="default", grace_period=0)
+    with contextlib.suppress(ApiError):
+        client.delete(ComputeDomainResource, name, namespace="default")
+    with contextlib.suppress(ApiError):
+        client.delete(ResourceClaim, claim, namespace="default")
+
+
 @pytest.fixture
 def clique_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
     cluster_uuid = uuid.uuid4()
@@ -176,16 +196,14 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
     client, (clique, names) = cluster.client, clique_nodes
     ctl = Controller(client, channels_per_clique=4)
     run = names[0].split("-")[1]
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"live-{run}", namespace="default"), spec={}))
-    body = channel_claim(f"live-{run}", "default", cd.metadata.uid, api.ComputeDomainSpec())
-    client.create(ResourceClaim.from_dict(body))
+    claim = provider_domain(client, f"live-{run}")
     stop = threading.Event()
     loop = threading.Thread(target=ctl.run, kwargs={"interval_s": 300.0, "stop": stop.is_set, "reserve_ahead": False},
                             daemon=True)
     loop.start()
     pod = f"live-{run}-0"
     try:
-        client.create(channel_pod(pod, body["metadata"]["name"], run))
+        client.create(channel_pod(pod, claim, run))
         eventually("the pod to be bound", lambda: client.get(Pod, pod, namespace="default").spec.nodeName)
         for node in names:  # what each member's agent writes
             entry = api.node_status_apply(f"live-{run}", "default", api.NodeStatus(name=node, ready=True,
@@ -198,12 +216,7 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
         assert status["clique"] == clique and status["readyNodes"] == 2
     finally:
         stop.set()
-        with contextlib.suppress(ApiError):
-            client.delete(Pod, pod, namespace="default", grace_period=0)
-        with contextlib.suppress(ApiError):
-            client.delete(ComputeDomainResource, f"live-{run}", namespace="default")
-        with contextlib.suppress(ApiError):
-            client.delete(ResourceClaim, body["metadata"]["name"], namespace="default")
+        remove_domain(client, f"live-{run}", claim, [pod])
 
 
 @pytest.mark.cluster
@@ -320,13 +333,7 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
     client, (_, names) = cluster.client, clique_nodes
     Controller(client, channels_per_clique=4).reconcile_pools()
     run = names[0].split("-")[1]
-    # The claim as the provider makes it: its opaque channel config is what a strategic-merge
-    # patch of the status trips over (the allocation copies it, and such a patch re-orders it).
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"rsv-{run}", namespace="default"), spec={}))
-    spec = api.ComputeDomainSpec()
-    body = channel_claim(f"rsv-{run}", "default", cd.metadata.uid, spec)
-    claim = body["metadata"]["name"]
-    client.create(ResourceClaim.from_dict(body))
+    claim = provider_domain(client, f"rsv-{run}")
 
     def pod(name: str, where: str) -> Pod:
         return channel_pod(name, claim, where)
@@ -363,13 +370,7 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
                    lambda: set(reserved()) == set(placeable) or None)
     finally:
         stop.set()
-        for name in [*placeable, *stranded]:
-            with contextlib.suppress(ApiError):
-                client.delete(Pod, name, namespace="default", grace_period=0)
-        with contextlib.suppress(ApiError):
-            client.delete(ComputeDomainResource, f"rsv-{run}", namespace="default")
-        with contextlib.suppress(ApiError):
-            client.delete(ResourceClaim, claim, namespace="default")
+        remove_domain(client, f"rsv-{run}", claim, [*placeable, *stranded])
         worker.join(timeout=5)
 
 
@@ -383,10 +384,7 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
     client, (_, names) = cluster.client, clique_nodes
     Controller(client, channels_per_clique=4).reconcile_pools()
     run = names[0].split("-")[1]
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=f"gate-{run}", namespace="default"), spec={}))
-    body = channel_claim(f"gate-{run}", "default", cd.metadata.uid, api.ComputeDomainSpec())
-    claim = body["metadata"]["name"]
-    client.create(ResourceClaim.from_dict(body))
+    claim = provider_domain(client, f"gate-{run}")
 
     def pod(name: str, claim_name: str) -> Pod:
         return channel_pod(name, claim_name, run, gated=True)
@@ -419,13 +417,7 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
         assert [g.name for g in gates or []] == [RESERVATION_GATE], "a pod without its claim was let go"
     finally:
         stop.set()
-        for name in [*members, orphan]:
-            with contextlib.suppress(ApiError):
-                client.delete(Pod, name, namespace="default", grace_period=0)
-        with contextlib.suppress(ApiError):
-            client.delete(ComputeDomainResource, f"gate-{run}", namespace="default")
-        with contextlib.suppress(ApiError):
-            client.delete(ResourceClaim, claim, namespace="default")
+        remove_domain(client, f"gate-{run}", claim, [*members, orphan])
         if worker.is_alive():
             worker.join(timeout=5)
 
