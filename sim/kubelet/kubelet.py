@@ -114,6 +114,9 @@ class SimKubelet:
         self.token_requester = token_requester
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._pod_tasks: dict[str, asyncio.Task[None]] = {}
+        # Pods that changed while their sync ran: it may have read the object before the change
+        # (a deletion arriving mid-sync must not be lost: the pod would stay Terminating).
+        self._changed_during_sync: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
@@ -301,17 +304,22 @@ class SimKubelet:
         uid = pod.metadata.uid
         task = self._pod_tasks.get(uid)
         if task is not None and not task.done():
-            return  # the running sync reads the latest object itself
+            self._changed_during_sync.add(uid)  # the running sync goes round once more
+            return
         self._pod_tasks[uid] = asyncio.create_task(self._sync_pod_logged(pod.metadata.namespace or "default",
                                                                          pod.metadata.name or "", uid))
 
     async def _sync_pod_logged(self, namespace: str, name: str, uid: str) -> None:
-        try:
-            await self._sync_pod(namespace, name, uid)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("syncing pod %s/%s failed", namespace, name)
+        while not self._stopping.is_set():
+            self._changed_during_sync.discard(uid)  # the sync below reads the pod after this point
+            try:
+                await self._sync_pod(namespace, name, uid)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("syncing pod %s/%s failed", namespace, name)
+            if uid not in self._changed_during_sync:
+                return
 
     async def _sync_pod(self, namespace: str, name: str, uid: str) -> None:
         attempt = 0

@@ -8,6 +8,7 @@ CDI spec per prepared claim, like a real driver, and records every call it recei
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class FakePlugin:
     versions: list[str] = field(default_factory=lambda: ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
     fail_prepare: str = ""
     skip_cdi_spec: bool = False
+    prepare_delay_s: float = 0.0  # a slow prepare, to change the pod while the kubelet waits on it
     calls: list[tuple[str, str, list[str]]] = field(default_factory=list)
     registered: threading.Event = field(default_factory=threading.Event)
     registration_error: str = ""
@@ -54,6 +56,7 @@ class FakePlugin:
     def _prepare(self, pb: Any, request: Any, service: str) -> Any:
         uids = [c.uid for c in request.claims]
         self.calls.append(("prepare", service, uids))
+        time.sleep(self.prepare_delay_s)
         resp = pb.NodePrepareResourcesResponse()
         for c in request.claims:
             if self.fail_prepare:

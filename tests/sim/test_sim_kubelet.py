@@ -162,6 +162,23 @@ def test_pod_with_a_claim_is_prepared_resolved_and_started(cluster: Cluster, sim
     assert not list(plugin.cdi_dir.glob(f"k8s.{plugin.driver}-claim_*.json"))
 
 
+def test_a_pod_deleted_while_its_claim_is_being_prepared_is_still_removed(
+        cluster: Cluster, sim_nodes: list[SimNode], plugin: FakePlugin) -> None:
+    """The deletion arrives while the kubelet's sync of the pod waits on NodePrepareResources: it
+    must not be lost (the pod would stay Terminating, and a foreground delete of its Job hang)."""
+    client = cluster.client
+    assert plugin.registered.wait(10), plugin.registration_error
+    plugin.prepare_delay_s = 3.0
+    try:
+        pod = make_pod(client, plugin.driver, sim_nodes[0].name)
+        eventually("the prepare call to be in flight", lambda: any(c[0] == "prepare" for c in plugin.calls))
+        client.delete(Pod, pod, namespace="default")
+        eventually("the pod to be removed after unprepare", lambda: phase(client, pod) == "Gone", timeout=30)
+        assert [c[0] for c in plugin.calls][-1] == "unprepare"
+    finally:
+        plugin.prepare_delay_s = 0.0
+
+
 def test_an_unresolvable_cdi_device_fails_the_container_start(cluster: Cluster, sim_nodes: list[SimNode],
                                                               plugin: FakePlugin) -> None:
     client = cluster.client
