@@ -27,14 +27,14 @@ tools:
 
 # The C stand-ins for NVIDIA's closed parts (NVML library, IMEX daemon and ctl); seconds to build.
 nvml:
-	@$(MAKE) --no-print-directory -C sim/nvml OUT=$(abspath build/nvml)
-	@$(MAKE) --no-print-directory -C sim/imex OUT=$(abspath build/imex)
+	@$(MAKE) --no-print-directory -C nvlfabric/sim/nvml OUT=$(abspath build/nvml)
+	@$(MAKE) --no-print-directory -C nvlfabric/sim/imex OUT=$(abspath build/imex)
 
 test: tools venv nvml
 	@$(VPY) -m pytest $(PYTEST_ARGS)
 
 generate: venv
-	@$(VPY) kubeletapi/generate.py
+	@$(VPY) nvlfabric/api/kubelet/generate.py
 
 lint: venv
 	@$(VPY) -m ruff check .

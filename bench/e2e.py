@@ -1,10 +1,10 @@
 """End-to-end benchmark → bench/results/e2e.json.
 
 The whole path, timed from the start of `pulumi up` (the real CLI, a local file:// backend, the
-components of `components/`) on the simulator: the ComputeDomain provider creates the domain and
+components of `nvlfabric/components/`) on the simulator: the ComputeDomain provider creates the domain and
 its channel claim, the Job controller creates the pods (held by BoundJob's reservation gate), the
 controller lets one pod through, whose scheduling allocates the claim, reserves the claim for the
-other pods in one write and lifts their gates (nodeagent/reservations.py), the scheduler places
+other pods in one write and lifts their gates (nvlfabric/controller/reservations.py), the scheduler places
 them, the simulated kubelets call the node agents' DRA plugins, the agents start the clique's IMEX
 stand-ins and report their node, the controller summarises. Nodes
 are GB200 compute trays advertising `nvidia.com/gpu: 4`; pods ask for one GPU each, so the
@@ -81,12 +81,12 @@ from lightkube.resources.batch_v1 import Job  # noqa: E402
 from lightkube.resources.core_v1 import Event, Node, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice  # noqa: E402
 
-from nodeagent.controller import ComputeDomainResource  # noqa: E402
-from nodeagent.pools import CLIQUE_LABEL, POOL_LABEL  # noqa: E402
-from sim.controlplane import ControlPlane  # noqa: E402
-from sim.kubelet.plugins import registry_sockets  # noqa: E402
-from sim.nodes import runtime_root  # noqa: E402
-from sim.nvml.topology import rack_name  # noqa: E402
+from nvlfabric.controller.pools import CLIQUE_LABEL, POOL_LABEL  # noqa: E402
+from nvlfabric.controller.reconcile import ComputeDomainResource  # noqa: E402
+from nvlfabric.sim.controlplane import ControlPlane  # noqa: E402
+from nvlfabric.sim.kubelet.plugins import registry_sockets  # noqa: E402
+from nvlfabric.sim.nodes import runtime_root  # noqa: E402
+from nvlfabric.sim.nvml.topology import rack_name  # noqa: E402
 from tests.conftest import free_ports  # noqa: E402
 from tests.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
 

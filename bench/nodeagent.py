@@ -1,6 +1,6 @@
 """Node agent benchmark → bench/results/nodeagent.json.
 
-One node agent, started through its real entry point (`python -m nodeagent agent`) on a simulated
+One node agent, started through its real entry point (`python -m nvlfabric agent`) on a simulated
 GB200 node (NVML and IMEX stand-ins) against a control plane of its own, called over its real DRA
 socket the way the kubelet calls it (one claim per NodePrepareResources call).
 
@@ -53,8 +53,8 @@ import yaml  # noqa: E402
 from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
-from kubeletapi import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
-from sim.controlplane import ControlPlane, Ports  # noqa: E402
+from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
+from nvlfabric.sim.controlplane import ControlPlane, Ports  # noqa: E402
 from tests.conftest import free_ports  # noqa: E402
 from tests.nodeagent import agentproc as ap  # noqa: E402
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
-from sim.controlplane import ControlPlane, Ports  # noqa: E402
+from nvlfabric.sim.controlplane import ControlPlane, Ports  # noqa: E402
 from tests.kube import install_crd  # noqa: E402
 from tests.pulumi_cli import project_from_fixture  # noqa: E402
 

@@ -49,8 +49,8 @@ from lightkube.models.resource_v1 import (  # noqa: E402
 from lightkube.resources.core_v1 import Node, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice  # noqa: E402
 
-from sim.controlplane import ControlPlane, Ports  # noqa: E402
-from sim.nodes import rack_nodes  # noqa: E402
+from nvlfabric.sim.controlplane import ControlPlane, Ports  # noqa: E402
+from nvlfabric.sim.nodes import rack_nodes  # noqa: E402
 from tests.sim.fake_dra_plugin import FakePlugin  # noqa: E402
 
 DRIVER = "bench.nvlfabric.io"

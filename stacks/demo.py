@@ -24,10 +24,10 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass
 
-from nodeagent.controller import ComputeDomainResource
-from sim.controlplane import ControlPlane, ControlPlaneError
-from sim.environment import simulator_env
-from sim.paths import REPO, ToolsMissing, default_state_dir, load_tools
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError
+from nvlfabric.sim.environment import simulator_env
+from nvlfabric.sim.paths import REPO, ToolsMissing, default_state_dir, load_tools
 
 STACK = "dev"
 RACKS = 2  # stacks/dev/Pulumi.dev.yaml says the same (nvlfabric-dev:racks)

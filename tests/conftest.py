@@ -19,9 +19,9 @@ import pytest
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
-from sim import processes
-from sim.controlplane import ControlPlane, Ports
-from sim.paths import REPO
+from nvlfabric.sim import processes
+from nvlfabric.sim.controlplane import ControlPlane, Ports
+from nvlfabric.sim.paths import REPO
 
 TEST_PORTS = Ports(etcd_client=33790, etcd_peer=33800, apiserver=36443, scheduler=30259)
 

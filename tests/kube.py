@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import yaml
@@ -19,8 +18,9 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from nvlfabric import manifests
+
 T = TypeVar("T")
-CRD_FILE = Path(__file__).resolve().parent.parent / "deploy" / "crds" / "nvlfabric.io_computedomains.yaml"
 
 
 def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
@@ -65,7 +65,7 @@ def delete_nodes(client: Client, names: list[str]) -> None:
 
 def install_crd(client: Client) -> None:
     """Apply the ComputeDomain CRD (idempotent) and wait until it is Established."""
-    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd = yaml.safe_load(manifests.read(manifests.CRD_FILE))
     client.patch(CustomResourceDefinition, crd["metadata"]["name"], crd, patch_type=PatchType.APPLY,
                  field_manager="nvlfabric-tests", force=True)
     eventually("the ComputeDomain CRD to be Established", lambda: any(

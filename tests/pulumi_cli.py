@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.environment import simulator_env
-from sim.paths import load_tools
+from nvlfabric.sim.environment import simulator_env
+from nvlfabric.sim.paths import load_tools
 
 # Anything that tries the network gets a proxy that refuses; loopback goes direct. With plugin
 # downloads and update checks disabled nothing should try, and this makes sure of it.

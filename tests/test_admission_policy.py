@@ -1,7 +1,7 @@
 """The driver's admission policies on a real API server (`--authorization-mode=Node,RBAC`).
 
 RBAC lets the agent's service account patch any Node and the status of any ComputeDomain; the
-ValidatingAdmissionPolicy in deploy/driver/driver.yaml narrows that to the agent's own node, taken
+ValidatingAdmissionPolicy in nvlfabric/manifests/driver/driver.yaml narrows that to the agent's own node, taken
 from its pod-bound token (`authentication.kubernetes.io/node-name`): the `nvlfabric.io/` labels and
 the `NVLinkFabricReady` condition of its own Node and its own `status.nodes[name=<node>]` entry of
 ComputeDomains, nothing else, and no ResourceSlice at all. A second policy keeps the controller's
@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,18 +53,19 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
-from nodeagent.controller import ComputeDomainResource
-from nodeagent.reservations import UNGATE_PATCH, PendingPod, reservation_patch
-from provider.api import computedomain as api
-from provider.api.labels import RESERVATION_GATE
+from nvlfabric import manifests
+from nvlfabric.api import computedomain as api
+from nvlfabric.api import names
+from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.reservations import UNGATE_PATCH, PendingPod, reservation_patch
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
 pytestmark = pytest.mark.cluster
-DRIVER_YAML = Path(__file__).resolve().parent.parent / "deploy" / "driver" / "driver.yaml"
-NAMESPACE = "nvlfabric-system"
+NAMESPACE = names.NAMESPACE
 AGENT, CONTROLLER = "nvlfabric-agent", "nvlfabric-controller"
-DRIVER = "channel.nvlfabric.io"
+DRIVER = names.DRIVER
 # What the tests install from driver.yaml: everything but the workloads (nothing would run them).
 INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
            "ValidatingAdmissionPolicyBinding"}
@@ -160,7 +160,7 @@ def install_driver_objects(admin: Client) -> None:
     install_crd(admin)
     eventually(f"namespace {NAMESPACE} not to be terminating (a previous run's deletion)",
                lambda: _namespace_usable(admin))
-    for obj in codecs.load_all_yaml(DRIVER_YAML.read_text()):
+    for obj in codecs.load_all_yaml(manifests.read(manifests.DRIVER_FILE)):
         if obj.kind in INSTALL:
             admin.apply(obj, field_manager="nvlfabric-tests", force=True)
 
@@ -272,7 +272,7 @@ def conditions_of(env: Env, node: str) -> dict[str, str]:
 
 
 def test_agent_reports_the_fabric_condition_of_its_own_node_only(env: Env) -> None:
-    # As nodeagent/__main__.py does: a strategic merge patch of the one condition (merge key type).
+    # As nvlfabric/nodeagent/__main__.py does: a strategic merge patch of the one condition (merge key type).
     env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "False")]}})
     assert conditions_of(env, env.node_a)[FABRIC] == "False"
     env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "True")]}})
@@ -460,7 +460,7 @@ def test_controller_may_not_touch_other_drivers_slices(env: Env) -> None:
 
 
 def test_controller_may_reserve_a_channel_claim_for_pending_pods(env: Env) -> None:
-    """What nodeagent/reservations.py does with the controller's own token: watch unbound pods
+    """What nvlfabric/controller/reservations.py does with the controller's own token: watch unbound pods
     and append to an allocated claim's reservedFor (which also takes resourceclaims/binding)."""
     name = f"rsv-{env.suffix}"
     env.admin.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace="default"), spec=ResourceClaimSpec(
@@ -566,7 +566,7 @@ def test_policies_type_check_cleanly(env: Env) -> None:
 
 
 def test_manifest_binds_each_policy() -> None:
-    docs = [d for d in yaml.safe_load_all(DRIVER_YAML.read_text()) if d]
+    docs = [d for d in yaml.safe_load_all(manifests.read(manifests.DRIVER_FILE)) if d]
     policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {d["spec"]["policyName"]: d["spec"]["validationActions"] for d in docs
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}

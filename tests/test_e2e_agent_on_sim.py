@@ -34,11 +34,13 @@ from lightkube.models.resource_v1 import (
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from nodeagent import pools
-from nodeagent.controller import ComputeDomainResource
-from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
-from sim import faults
-from sim.controlplane import ControlPlane
+from nvlfabric import manifests
+from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
+from nvlfabric.api.names import DRIVER
+from nvlfabric.controller import pools
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.sim import faults
+from nvlfabric.sim.controlplane import ControlPlane
 from tests.conftest import free_ports
 from tests.kube import eventually, install_crd
 
@@ -57,7 +59,7 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="e2e")
     try:
         install_crd(client)
-        for obj in codecs.load_all_yaml((REPO / "deploy" / "driver" / "driver.yaml").read_text()):
+        for obj in codecs.load_all_yaml(manifests.read(manifests.DRIVER_FILE)):
             if obj.kind == "DaemonSet":  # re-check the fabric every 2 s instead of 30 s, for the fault test
                 obj.spec.template.spec.containers[0].env.append(EnvVar(name="RESYNC_SECONDS", value="2"))
             client.apply(obj, field_manager="e2e", force=True)

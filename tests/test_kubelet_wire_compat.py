@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.paths import load_tools
+from nvlfabric.sim.paths import load_tools
 from tests.sim.fake_dra_plugin import FakePlugin
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubeletapi import dra_v1_pb2, dra_v1beta1_pb2, generate, pluginregistration_pb2
+from nvlfabric.api.kubelet import dra_v1_pb2, dra_v1beta1_pb2, generate, pluginregistration_pb2
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_generated_stubs_are_up_to_date(tmp_path: Path) -> None:
     generate.generate(tmp_path)
-    for fresh in sorted((tmp_path / "kubeletapi").iterdir()):
-        checked_in = REPO / "kubeletapi" / fresh.name
+    for fresh in sorted((tmp_path / generate.PACKAGE).iterdir()):
+        checked_in = REPO / generate.PACKAGE / fresh.name
         assert checked_in.exists(), f"{fresh.name} is not checked in; run `make generate`"
         assert checked_in.read_text() == fresh.read_text(), f"{fresh.name} is stale; run `make generate`"
 

@@ -7,7 +7,7 @@ keeps each domain inside one NVLink clique (one rack) without any affinity writt
 
 import pulumi
 
-from components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
 
 config = pulumi.Config()
 racks = config.get_int("racks") or 2

@@ -8,7 +8,7 @@ from typing import Any
 
 import pulumi
 
-from components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
 
 config = pulumi.Config()
 

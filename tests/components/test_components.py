@@ -21,7 +21,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from components import (
+from nvlfabric.components import (
     BoundJob,
     ComponentArgsError,
     ComputeDomain,
@@ -29,9 +29,9 @@ from components import (
     NvlfabricDriver,
     NvlfabricDriverArgs,
 )
-from components.driver import driver_objects
-from components.workload import BoundJobArgs, job_manifest, workload_manifests
-from sim.controlplane import ControlPlane
+from nvlfabric.components.driver import driver_objects
+from nvlfabric.components.workload import BoundJobArgs, job_manifest, workload_manifests
+from nvlfabric.sim.controlplane import ControlPlane
 from tests.conftest import free_ports
 from tests.kube import eventually
 from tests.pulumi_cli import project_from_fixture
@@ -50,7 +50,7 @@ def _error(fn: Any, **kwargs: Any) -> str:
 
 def test_driver_args_name_the_field_and_the_fix() -> None:
     msg = _error(NvlfabricDriver, channels_per_clique=5000)
-    assert "NvlfabricDriver 'x'" in msg and "channels_per_clique" in msg and "1..2048" in msg and "5000" in msg
+    assert "NvlfabricDriver 'x'" in msg and "channels_per_clique" in msg and "1..2047" in msg and "5000" in msg
     msg = _error(NvlfabricDriver, driver_root="run/nvidia")
     assert "driver_root" in msg and "absolute" in msg
     assert "image" in _error(NvlfabricDriver, image="Bad Image")
@@ -97,7 +97,7 @@ def test_rack_args() -> None:
 
 
 def test_unknown_argument_is_named() -> None:
-    from components._args import validate
+    from nvlfabric.components._args import validate
     with pytest.raises(ComponentArgsError) as err:
         validate(NvlfabricDriverArgs, "NvlfabricDriver", "d", {"imagee": "x"})
     assert "imagee: unknown argument; valid ones are image, driver_root" in str(err.value)
@@ -157,7 +157,7 @@ def test_every_workload_shape_binds_its_pods_to_the_domain(kind: str) -> None:
     assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "channel"}],
                                                          "limits": {"nvidia.com/gpu": "2"}}
     assert pod["spec"]["restartPolicy"] == ("Never" if kind in ("Job", "JobSet") else "Always")
-    # held until nvlfabric's controller has reserved the claim for the pod (nodeagent/reservations.py)
+    # held until nvlfabric's controller has reserved the claim for the pod (nvlfabric/controller/reservations.py)
     assert pod["spec"]["schedulingGates"] == [{"name": "nvlfabric.io/channel-reservation"}]
 
 
@@ -262,7 +262,7 @@ def stuck_deletions(cp: ControlPlane, client: Client) -> str:
 @pytest.mark.pulumi
 def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
         rack: tuple[ControlPlane, Client], tmp_path: Path) -> None:
-    from nodeagent.controller import ComputeDomainResource
+    from nvlfabric.controller.reconcile import ComputeDomainResource
 
     cp, client = rack
     domain = f"train-{uuid.uuid4().hex[:5]}"
@@ -376,7 +376,7 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
     import sys as _sys
     from pathlib import Path as _Path
 
-    from sim.controlplane import default_images
+    from nvlfabric.sim.controlplane import default_images
 
     dockerfile = (_Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile").read_text()
     (entry,) = [line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")]

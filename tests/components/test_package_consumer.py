@@ -1,4 +1,4 @@
-"""The components reused from other languages: the component provider (components/plugin) consumed
+"""The components reused from other languages: the component provider (nvlfabric/components/plugin) consumed
 through `pulumi package add` by a Pulumi YAML project (examples/yaml-consumer) and by a TypeScript
 project (examples/ts-consumer, with a generated SDK), with the real CLI, our Python language host,
 the YAML language host and our Node.js language host, on the session's control plane.
@@ -27,17 +27,17 @@ from lightkube import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs
-from components.provider import NvlfabricProvider
-from components.schema import BY_TOKEN, package_schema
-from provider.api import computedomain as cdapi
-from provider.computedomain import CD
+from nvlfabric.api import computedomain as cdapi
+from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs
+from nvlfabric.components.provider import NvlfabricProvider
+from nvlfabric.components.schema import BY_TOKEN, package_schema
+from nvlfabric.provider.computedomain import CD
 from tests.conftest import Cluster
 from tests.kube import eventually, install_crd
 from tests.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "components" / "plugin"
+PLUGIN = REPO / "nvlfabric" / "components" / "plugin"
 EXAMPLE = REPO / "examples" / "yaml-consumer"
 CD_TOKEN = "nvlfabric:index:ComputeDomain"
 JOB_TOKEN = "nvlfabric:index:BoundJob"

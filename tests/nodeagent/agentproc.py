@@ -1,4 +1,4 @@
-"""The node agent as the kubelet sees it: a separate process (`python -m nodeagent agent`, the real
+"""The node agent as the kubelet sees it: a separate process (`python -m nvlfabric agent`, the real
 entry point) on a simulated node, and a kubelet-side gRPC client for its DRA socket.
 
 Shared by the crash and fuzz tests and by bench/nodeagent.py. A host is one simulated GB200 node
@@ -42,13 +42,15 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 from lightkube.types import PatchType
 
-from kubeletapi import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from nodeagent import cdi, pools
-from nodeagent.controller import ComputeDomainResource
-from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
-from sim import hardware
-from sim.nodes import SimNode, rack_nodes
-from sim.nvml import topology
+from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
+from nvlfabric.api.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from nvlfabric.api.names import DRIVER
+from nvlfabric.controller import pools
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.nodeagent import cdi
+from nvlfabric.sim import hardware
+from nvlfabric.sim.nodes import SimNode, rack_nodes
+from nvlfabric.sim.nvml import topology
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -298,7 +300,7 @@ def delete_domain(client: Client, name: str, namespace: str = "default") -> None
 
 
 class AgentProcess:
-    """`python -m nodeagent agent` for `host`, started and killed like the kubelet's container runtime."""
+    """`python -m nvlfabric agent` for `host`, started and killed like the kubelet's container runtime."""
 
     def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0,
                  in_cluster: tuple[str, Path] | None = None, health_port: int = 0, metrics_port: int = 0) -> None:
@@ -317,7 +319,7 @@ class AgentProcess:
         n = self.host.node
         creds = ["--kubeconfig", str(self.kubeconfig)] if self.in_cluster is None else \
             ["--service-account-dir", str(self.in_cluster[1])]
-        return [sys.executable, "-m", "nodeagent", "agent", *creds, "--node-name", n.name, "--node-ip", n.address,
+        return [sys.executable, "-m", "nvlfabric", "agent", *creds, "--node-name", n.name, "--node-ip", n.address,
                 "--kubelet-root", str(n.kubelet_root),
                 "--cdi-root", str(self.host.cdi_dir), "--driver-root", str(n.driver_root),
                 "--proc-devices", str(n.proc_devices), "--boot-id", str(self.host.boot_id),

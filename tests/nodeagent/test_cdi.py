@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kubeletapi.cdi import DeviceNode, Spec
-from nodeagent import cdi
-from sim.kubelet.cdi import UnresolvableDevices, load, resolve
-from sim.nodes import IMEX_CHANNELS_MAJOR, NVIDIA_CAPS_MAJOR, proc_devices_text
+from nvlfabric.api.kubelet.cdi import DeviceNode, Spec
+from nvlfabric.nodeagent import cdi
+from nvlfabric.sim.kubelet.cdi import UnresolvableDevices, load, resolve
+from nvlfabric.sim.nodes import IMEX_CHANNELS_MAJOR, NVIDIA_CAPS_MAJOR, proc_devices_text
 
 UID = "4a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b"
 DIGIT_UID = "0badf00d-1111-4222-8333-444455556666"
@@ -129,7 +129,7 @@ def test_claim_uids_that_cannot_name_a_device_are_refused(uid: str) -> None:
 
 
 def test_names_follow_the_documented_layout() -> None:
-    assert cdi.KIND == "k8s.channel.nvlfabric.io/claim" and cdi.DRIVER_NAME == "channel.nvlfabric.io"
+    assert cdi.KIND == "k8s.channel.nvlfabric.io/claim" and cdi.VENDOR == "k8s.channel.nvlfabric.io"
     assert cdi.spec_file_name("u") == "k8s.channel.nvlfabric.io-claim_u.json"
     assert cdi.device_name("u", [2047]) == "u-channel-2047"
     assert cdi.device_name("u", [1, 2]) == "u-channels"

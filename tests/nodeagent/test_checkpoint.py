@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from nodeagent import checkpoint as ckpt
-from nodeagent.checkpoint import Allocation, Checkpoint, ClaimRef, ClaimState, LoadStatus
+from nvlfabric.nodeagent import checkpoint as ckpt
+from nvlfabric.nodeagent.checkpoint import Allocation, Checkpoint, ClaimRef, ClaimState, LoadStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BOOT = "0f3c5e5a-6d2b-4f0e-9c1a-2b7d8e9f0a11"

@@ -1,7 +1,7 @@
 """Crash consistency: the node agent SIGKILLed at random moments across hundreds of prepare and
 unprepare cycles, driven like the kubelet drives it.
 
-The agent runs as its own process through the real entry point (`python -m nodeagent agent`) on a
+The agent runs as its own process through the real entry point (`python -m nvlfabric agent`) on a
 simulated node (NVML and IMEX stand-ins, real API server and scheduler), and is called over its real
 DRA socket. A seeded random schedule picks the calls (one claim or several per call; prepare,
 unprepare, a repeated prepare of a prepared claim, and sometimes an unprepare instead of retrying an
@@ -42,7 +42,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from nodeagent import cdi, checkpoint
+from nvlfabric.nodeagent import cdi, checkpoint
 from tests.conftest import Cluster
 from tests.kube import eventually
 from tests.nodeagent import agentproc as ap
@@ -437,7 +437,7 @@ def test_a_prepare_killed_after_its_side_effects_is_undone_by_unprepare(node: No
 
 
 def test_an_imex_daemon_left_by_a_killed_agent_is_stopped_and_the_domain_restarted(node: Node) -> None:
-    from nodeagent import imex
+    from nvlfabric.nodeagent import imex
 
     host, c = node.host, node.claims[0]
     # A daemon of the clique's domain whose agent was killed before it wrote the pid file.

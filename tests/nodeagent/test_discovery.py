@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.discovery import Gpu, GpuFabric, clique_of
-from sim import hardware
-from sim.nodes import rack_nodes, runtime_root
-from sim.nvml import faults, topology
+from nvlfabric.nodeagent.discovery import Gpu, GpuFabric, clique_of
+from nvlfabric.sim import hardware
+from nvlfabric.sim.nodes import rack_nodes, runtime_root
+from nvlfabric.sim.nvml import faults, topology
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def discover(state: Path, node: str) -> dict[str, object]:
     sim_node = next(n for n in rack_nodes(state, 2, 2) if n.name == node)
     env.update(hardware.node_env(state, sim_node))
     driver_root = state / "nodes" / node / "driver-root"
-    code = ("import sys; from pathlib import Path; from nodeagent.discovery import discover; "
+    code = ("import sys; from pathlib import Path; from nvlfabric.nodeagent.discovery import discover; "
             "print(discover(Path(sys.argv[1])).model_dump_json())")
     proc = subprocess.run([sys.executable, "-c", code, str(driver_root)], capture_output=True, text=True, env=env,
                           timeout=60)

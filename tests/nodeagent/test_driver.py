@@ -34,15 +34,17 @@ from lightkube.models.resource_v1 import (
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
-from nodeagent import checkpoint, kubeapi, pools
-from nodeagent.controller import ComputeDomainResource
-from nodeagent.driver import ChannelDriver, NodeIdentity, Paths
-from nodeagent.server import ClaimRef
-from provider.api import computedomain as api
-from provider.api.channelconfig import DRIVER, ChannelConfig, ComputeDomainRef
-from sim import hardware
-from sim.kubelet import cdi as runtime_cdi
-from sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes, runtime_root
+from nvlfabric.api import computedomain as api
+from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
+from nvlfabric.api.names import DRIVER
+from nvlfabric.controller import pools
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.nodeagent import checkpoint, kubeapi
+from nvlfabric.nodeagent.driver import ChannelDriver, NodeIdentity, Paths
+from nvlfabric.nodeagent.server import ClaimRef
+from nvlfabric.sim import hardware
+from nvlfabric.sim.kubelet import cdi as runtime_cdi
+from nvlfabric.sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 

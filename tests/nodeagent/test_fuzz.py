@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from lightkube import ApiError, Client
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from kubeletapi import dra_v1_pb2
-from nodeagent import checkpoint
-from nodeagent.driver import claim_name
-from nodeagent.server import ClaimRef
+from nvlfabric.api.kubelet import dra_v1_pb2
+from nvlfabric.nodeagent import checkpoint
+from nvlfabric.nodeagent.driver import claim_name
+from nvlfabric.nodeagent.server import ClaimRef
 from tests.conftest import Cluster
 from tests.nodeagent import agentproc as ap
 

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from nodeagent import imex
-from nodeagent.imex import ImexDomain
-from sim.imex.config import ImexConfig as SimImexConfig
+from nvlfabric.nodeagent import imex
+from nvlfabric.nodeagent.imex import ImexDomain
+from nvlfabric.sim.imex.config import ImexConfig as SimImexConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SUBNET = "127.0.30"
@@ -32,9 +32,9 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="session")
 def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A driver root with the stand-ins in usr/bin, built once with `make -C sim/imex`."""
+    """A driver root with the stand-ins in usr/bin, built once with `make -C nvlfabric/sim/imex`."""
     root = tmp_path_factory.mktemp("driver-root")
-    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO / "sim" / "imex"),
+    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO / "nvlfabric" / "sim" / "imex"),
                            f"OUT={root / 'usr' / 'bin'}"], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root

@@ -1,4 +1,4 @@
-"""The node agent's own API client (nodeagent/kubeapi.py): credentials it refuses with a clear
+"""The node agent's own API client (nvlfabric/nodeagent/kubeapi.py): credentials it refuses with a clear
 message, and the calls it makes, against the real API server."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent import kubeapi
+from nvlfabric.api import errors
+from nvlfabric.nodeagent import kubeapi
 from tests.conftest import Cluster
 
 
@@ -55,7 +56,7 @@ def test_paths_quote_names_and_know_the_core_group() -> None:
 def test_calls_against_the_api_server(cluster: Cluster) -> None:
     client = kubeapi.Client(kubeapi.from_kubeconfig(cluster.kubeconfig), field_manager="kubeapi-test")
     try:
-        with pytest.raises(kubeapi.ApiError) as err:
+        with pytest.raises(errors.ApiStatusError) as err:
             client.get(kubeapi.path("v1", "configmaps", "does-not-exist", namespace="default"))
         assert err.value.code == 404 and "does-not-exist" in err.value.message
         name = f"kubeapi-{uuid.uuid4().hex[:6]}"
@@ -87,7 +88,7 @@ def test_a_rotated_token_file_is_read_again(cluster: Cluster, tmp_path: Path) ->
     path.write_text(yaml.safe_dump(doc))
     client = kubeapi.Client(kubeapi.from_kubeconfig(path), field_manager="kubeapi-test")
     try:
-        with pytest.raises(kubeapi.ApiError) as err:
+        with pytest.raises(errors.ApiStatusError) as err:
             client.get("/api/v1/namespaces/default")
         assert err.value.code == 401
         token_file.write_text(token + "\n")  # the kubelet rotates the projected token

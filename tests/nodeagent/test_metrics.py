@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodeagent import metrics
+from nvlfabric.nodeagent import metrics
 
 
 def test_the_exposition_parses_and_carries_what_was_recorded() -> None:

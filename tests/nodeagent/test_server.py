@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.server import ClaimRef, PluginServer, PreparedDevice, SocketPaths
-from sim.paths import load_tools
+from nvlfabric.nodeagent.server import ClaimRef, PluginServer, PreparedDevice, SocketPaths
+from nvlfabric.sim.paths import load_tools
 
 
 class RecordingDriver:
@@ -91,8 +91,8 @@ def test_a_socket_path_too_long_for_unix_sockets_is_refused_with_the_fix() -> No
 def test_device_health_is_advertised_and_streamed_when_the_agent_has_a_source() -> None:
     import grpc
 
-    from kubeletapi import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
-    from nodeagent.server import HEALTH_VERSION, DeviceHealth
+    from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
+    from nvlfabric.nodeagent.server import HEALTH_VERSION, DeviceHealth
 
     root = Path(tempfile.mkdtemp(prefix="nvlh-", dir="/tmp"))
     devices = [DeviceHealth("clique-x.1", "channel-3", True), DeviceHealth("clique-x.1", "channel-4", False,

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from provider import await_
-from provider.await_ import (
+from nvlfabric.api.errors import Forbidden, ServerError
+from nvlfabric.provider import await_
+from nvlfabric.provider.await_ import (
     AwaitFor,
     Condition,
     Deadline,
@@ -25,7 +26,7 @@ from provider.await_ import (
     readiness,
     wait,
 )
-from provider.errors import AwaitFailed, AwaitTimeout, Forbidden, ServerError
+from nvlfabric.provider.errors import AwaitFailed, AwaitTimeout
 
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
 

@@ -28,9 +28,10 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.types import PatchType
 from pydantic import BaseModel, ValidationError
 
-from provider.api import computedomain as cdapi
-from provider.api import crdgen
-from provider.api.computedomain import (
+from nvlfabric.api import computedomain as cdapi
+from nvlfabric.api import crdgen
+from nvlfabric.api import names as contract
+from nvlfabric.api.computedomain import (
     ComputeDomain,
     ComputeDomainSpec,
     ComputeDomainStatus,
@@ -43,7 +44,7 @@ from provider.api.computedomain import (
 from tests.conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
-REGENERATE = f"run `python -m provider.api.crdgen > {crdgen.MANIFEST}`"
+REGENERATE = f"run `python -m nvlfabric.api.crdgen > {crdgen.MANIFEST}`"
 NAMESPACE = "default"
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -121,11 +122,11 @@ def test_generated_schema_is_structural_and_described() -> None:
 
 
 def test_schema_decisions() -> None:
-    assert f"{cdapi.GROUP}/{cdapi.VERSION}" == cdapi.API_VERSION
+    assert f"{contract.GROUP}/{cdapi.VERSION}" == cdapi.API_VERSION
     props = _schema()["properties"]
     spec, status = props["spec"]["properties"], props["status"]["properties"]
     assert props["metadata"] == {"type": "object", "properties": {"name": {
-        "type": "string", "maxLength": 63, "pattern": cdapi.DNS_LABEL}}}
+        "type": "string", "maxLength": 63, "pattern": contract.DNS_LABEL}}}
     assert spec["channelAllocationMode"]["enum"] == ["Single", "All"]
     assert spec["channelAllocationMode"]["default"] == "Single"
     assert spec["imexMode"]["enum"] == ["CliqueScoped", "Dedicated"]
@@ -188,7 +189,7 @@ def test_valid_specs_round_trip(name: str, spec: dict[str, Any]) -> None:
 
 
 def _not_dns_label(s: str) -> bool:
-    return len(s) > 63 or re.fullmatch(cdapi.DNS_LABEL, s) is None
+    return len(s) > 63 or re.fullmatch(contract.DNS_LABEL, s) is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -208,9 +209,9 @@ def test_invalid_spec_values_rejected_naming_the_field(data: st.DataObject) -> N
         st.tuples(st.just("channelAllocationMode"), st.text().filter(lambda s: s not in ("Single", "All"))),
         st.tuples(st.just("imexMode"), st.text().filter(lambda s: s not in ("CliqueScoped", "Dedicated"))),
         st.tuples(st.just("placement.scope"), st.text().filter(lambda s: s != "SingleClique")),
-        st.tuples(st.just("placement.clique"), st.text().filter(lambda s: re.fullmatch(cdapi.CLIQUE, s) is None)),
+        st.tuples(st.just("placement.clique"), st.text().filter(lambda s: re.fullmatch(contract.CLIQUE, s) is None)),
         st.tuples(st.just("channelClaim.name"),
-                  st.text().filter(lambda s: len(s) > 253 or re.fullmatch(cdapi.DNS_SUBDOMAIN, s) is None)),
+                  st.text().filter(lambda s: len(s) > 253 or re.fullmatch(contract.DNS_SUBDOMAIN, s) is None)),
     ))
     spec: dict[str, Any] = {}
     head, _, tail = field.partition(".")
@@ -250,7 +251,7 @@ def test_immutable_changes(old: dict[str, Any], new: dict[str, Any], num_nodes: 
 
 
 @settings(max_examples=40, deadline=None)
-@given(channel=st.integers().filter(lambda c: not 0 <= c <= cdapi.MAX_CHANNEL))
+@given(channel=st.integers().filter(lambda c: not 0 <= c <= contract.MAX_CHANNEL))
 def test_status_channel_range(channel: int) -> None:
     with pytest.raises(ValidationError) as exc:
         ComputeDomainStatus.model_validate({"channel": channel})
@@ -264,7 +265,7 @@ def test_status_tolerates_newer_fields() -> None:
 
 # -- (c) the real API server -------------------------------------------------------------------------
 
-CD = create_namespaced_resource(cdapi.GROUP, cdapi.VERSION, cdapi.KIND, cdapi.PLURAL)
+CD = create_namespaced_resource(contract.GROUP, cdapi.VERSION, cdapi.KIND, cdapi.PLURAL)
 
 
 def _established(crd: CustomResourceDefinition) -> bool:
@@ -478,7 +479,7 @@ def test_table_shows_the_printer_columns(api: Cluster, names: list[str]) -> None
                      field_manager="nvlfabric-controller")
     http = client_adapter.Client(KubeConfig.from_file(str(api.kubeconfig)).get(), client_adapter.ConnectionParams())
     with http:
-        resp = http.get(f"/apis/{cdapi.GROUP}/{cdapi.VERSION}/namespaces/{NAMESPACE}/{cdapi.PLURAL}/{name}",
+        resp = http.get(f"/apis/{contract.GROUP}/{cdapi.VERSION}/namespaces/{NAMESPACE}/{cdapi.PLURAL}/{name}",
                         headers={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"})
     resp.raise_for_status()
     table = resp.json()

@@ -27,13 +27,14 @@ from pulumi.dynamic import ConfigureRequest
 from pulumi.dynamic.dynamic import Config
 from pulumi.runtime.rpc import UNKNOWN
 
-from provider import errors
-from provider.api import computedomain as cdapi
-from provider.api import crdgen
-from provider.await_ import ManualClock
-from provider.computedomain import (
+from nvlfabric.api import computedomain as cdapi
+from nvlfabric.api import crdgen, names
+from nvlfabric.api import errors as api_errors
+from nvlfabric.kube import errors as kube_errors
+from nvlfabric.provider import errors
+from nvlfabric.provider.await_ import ManualClock
+from nvlfabric.provider.computedomain import (
     CD,
-    CD_LABEL,
     ComputeDomain,
     ComputeDomainProvider,
     check_inputs,
@@ -194,37 +195,37 @@ def test_in_use_names_at_most_five_pods() -> None:
 
 
 STATUSES = [
-    pytest.param(400, "BadRequest", errors.BadRequest, False, id="400"),
-    pytest.param(401, "Unauthorized", errors.Unauthorized, False, id="401"),
-    pytest.param(403, "Forbidden", errors.Forbidden, False, id="403"),
-    pytest.param(404, "NotFound", errors.NotFound, False, id="404"),
-    pytest.param(409, "AlreadyExists", errors.AlreadyExists, False, id="409-exists"),
-    pytest.param(409, "Conflict", errors.Conflict, True, id="409-conflict"),
-    pytest.param(410, "Expired", errors.Gone, True, id="410"),
-    pytest.param(422, "Invalid", errors.Invalid, False, id="422"),
-    pytest.param(429, "TooManyRequests", errors.TooManyRequests, True, id="429"),
-    pytest.param(418, "Teapot", errors.BadRequest, False, id="other-4xx"),
-    pytest.param(500, "InternalError", errors.ServerError, True, id="500"),
-    pytest.param(504, "Timeout", errors.Timeout, True, id="504"),
-    pytest.param(500, "ServerTimeout", errors.Timeout, True, id="server-timeout"),
+    pytest.param(400, "BadRequest", api_errors.BadRequest, False, id="400"),
+    pytest.param(401, "Unauthorized", api_errors.Unauthorized, False, id="401"),
+    pytest.param(403, "Forbidden", api_errors.Forbidden, False, id="403"),
+    pytest.param(404, "NotFound", api_errors.NotFound, False, id="404"),
+    pytest.param(409, "AlreadyExists", api_errors.AlreadyExists, False, id="409-exists"),
+    pytest.param(409, "Conflict", api_errors.Conflict, True, id="409-conflict"),
+    pytest.param(410, "Expired", api_errors.Gone, True, id="410"),
+    pytest.param(422, "Invalid", api_errors.Invalid, False, id="422"),
+    pytest.param(429, "TooManyRequests", api_errors.TooManyRequests, True, id="429"),
+    pytest.param(418, "Teapot", api_errors.BadRequest, False, id="other-4xx"),
+    pytest.param(500, "InternalError", api_errors.ServerError, True, id="500"),
+    pytest.param(504, "Timeout", api_errors.Timeout, True, id="504"),
+    pytest.param(500, "ServerTimeout", api_errors.Timeout, True, id="server-timeout"),
 ]
 
 
 @pytest.mark.parametrize(("code", "reason", "cls", "temporary"), STATUSES)
-def test_api_errors_are_chosen_by_status(code: int, reason: str, cls: type[errors.ApiStatusError],
+def test_api_errors_are_chosen_by_status(code: int, reason: str, cls: type[api_errors.ApiStatusError],
                                          temporary: bool) -> None:
     from lightkube.models.meta_v1 import Status, StatusCause, StatusDetails
 
     status = Status(code=code, reason=reason, message="m" * 1000, details=StatusDetails(
         retryAfterSeconds=3, causes=[StatusCause(field="spec.numNodes", message="c" * 1000)]))
-    with pytest.raises(cls) as exc, errors.api_call("create ComputeDomain ml/t"):
+    with pytest.raises(cls) as exc, kube_errors.api_call("create ComputeDomain ml/t"):
         raise ApiError(status=status)
     err = exc.value
     assert type(err) is cls and isinstance(err.__cause__, ApiError)
-    assert isinstance(err, errors.TemporaryError) is temporary
-    assert isinstance(err, errors.PermanentError) is not temporary
-    assert len(err.message) == errors.MAX_PAYLOAD and err.message.endswith("…")
-    assert len(err.causes[0].message) == errors.MAX_PAYLOAD and err.delay_s == 3
+    assert isinstance(err, api_errors.TemporaryError) is temporary
+    assert isinstance(err, api_errors.PermanentError) is not temporary
+    assert len(err.message) == api_errors.MAX_PAYLOAD and err.message.endswith("…")
+    assert len(err.causes[0].message) == api_errors.MAX_PAYLOAD and err.delay_s == 3
     assert str(err).startswith("create ComputeDomain ml/t: mmm") and str(err).endswith(
         f"({code} {reason}); fields: spec.numNodes")
 
@@ -234,10 +235,10 @@ def test_bodies_that_are_not_a_status_are_not_shown() -> None:
 
     request = httpx2.Request("GET", "https://127.0.0.1/apis")
     response = httpx2.Response(502, text="<html>token=secret</html>", request=request)
-    with pytest.raises(errors.ServerError) as exc, errors.api_call("read ComputeDomain ml/t"):
+    with pytest.raises(api_errors.ServerError) as exc, kube_errors.api_call("read ComputeDomain ml/t"):
         raise httpx2.HTTPStatusError("bad gateway", request=request, response=response)
     assert "secret" not in str(exc.value) and "(502 Bad Gateway)" in str(exc.value)
-    with pytest.raises(errors.Unreachable) as down, errors.api_call("read ComputeDomain ml/t"):
+    with pytest.raises(api_errors.Unreachable) as down, kube_errors.api_call("read ComputeDomain ml/t"):
         raise httpx2.ConnectError("connection refused", request=request)
     assert str(down.value) == "read ComputeDomain ml/t: the API server could not be reached: connection refused"
 
@@ -253,7 +254,7 @@ def test_provider_pickles_by_reference_without_a_client() -> None:
 
     prov = ComputeDomainProvider()
     data = dill.dumps(prov, recurse=True)
-    assert b"provider.computedomain" in data and len(data) < 400
+    assert b"nvlfabric.provider.computedomain" in data and len(data) < 400
     assert ComputeDomainProvider.serialize_as_secret_always is False
 
 
@@ -345,7 +346,7 @@ def test_create_awaits_accepted_and_makes_the_shared_claim(prov: ComputeDomainPr
     assert prov.clock is not None and prov.clock.sleeps == [] and progress == []  # Accepted at the first look
 
     claim = api.client.get(ResourceClaim, f"{name}-channel", namespace=NS).to_dict()
-    assert claim["metadata"]["labels"] == {CD_LABEL: name}
+    assert claim["metadata"]["labels"] == {names.COMPUTE_DOMAIN_LABEL: name}
     assert claim["metadata"]["ownerReferences"] == [{"apiVersion": cdapi.API_VERSION, "kind": "ComputeDomain",
                                                      "name": name, "uid": outs["uid"], "controller": True}]
     assert claim["spec"]["devices"]["requests"] == [{"name": "channel", "exactly": {
@@ -386,7 +387,7 @@ def test_create_over_an_existing_cd_lists_remedies_unless_adopting(prov: Compute
     assert adopted.outs["spec"]["numNodes"] == 4 and adopted.outs["labels"] == {"owner": "pulumi"}
 
     # An immutable difference cannot be adopted; the server's CEL message names the field and the fix.
-    with pytest.raises(errors.Invalid) as bad:
+    with pytest.raises(api_errors.Invalid) as bad:
         prov.create(inputs(name, spec={"imexMode": "Dedicated"}, adopt=True))
     assert "spec.imexMode is immutable" in str(bad.value) and "delete the ComputeDomain" in str(bad.value)
     assert not _gone(api, CD, name)
@@ -394,8 +395,8 @@ def test_create_over_an_existing_cd_lists_remedies_unless_adopting(prov: Compute
 
 @pytest.mark.cluster
 @pytest.mark.parametrize(("spec", "error", "fragment"), [
-    pytest.param({"numNodes": 0}, errors.Invalid, "spec.numNodes", id="invalid-value"),
-    pytest.param({"numNodes": 2, "colour": "red"}, errors.BadRequest, 'unknown field "spec.colour"',
+    pytest.param({"numNodes": 0}, api_errors.Invalid, "spec.numNodes", id="invalid-value"),
+    pytest.param({"numNodes": 2, "colour": "red"}, api_errors.BadRequest, 'unknown field "spec.colour"',
                  id="unknown-field-strict"),
 ])
 def test_invalid_spec_forced_past_check_is_rejected_by_the_server(prov: ComputeDomainProvider, name: str,
@@ -412,7 +413,7 @@ def test_invalid_spec_forced_past_check_is_rejected_by_the_server(prov: ComputeD
 
 @pytest.mark.cluster
 def test_create_in_a_missing_namespace_says_what_to_check(prov: ComputeDomainProvider, name: str) -> None:
-    with pytest.raises(errors.NotFound) as exc:
+    with pytest.raises(api_errors.NotFound) as exc:
         prov.create({**inputs(name), "namespace": "no-such-namespace"})
     assert "does namespace no-such-namespace exist?" in str(exc.value)
 

@@ -12,7 +12,7 @@ from lightkube.resources.resource_v1 import DeviceClass
 from pulumi.dynamic import ConfigureRequest
 from pulumi.dynamic.dynamic import Config
 
-from provider.deviceclass import DeviceClassProvider
+from nvlfabric.provider.deviceclass import DeviceClassProvider
 from tests.conftest import Cluster
 
 SELECTOR = 'device.driver == "channel.nvlfabric.io"'

@@ -19,7 +19,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.types import PatchType
 
-from nodeagent.controller import ComputeDomainResource
+from nvlfabric.controller.reconcile import ComputeDomainResource
 from tests.conftest import Cluster
 from tests.kube import install_crd
 from tests.pulumi_cli import project_from_fixture

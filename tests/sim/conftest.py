@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from sim.nvml.topology import Topology, build_topology
+from nvlfabric.sim.nvml.topology import Topology, build_topology
 from tests.sim.nvml_helpers import Probe, build_library, running_probe
 
 
 @pytest.fixture(scope="session")
 def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Builds libnvidia-ml.so.1 once per session with `make -C sim/nvml OUT=<tmp>`."""
+    """Builds libnvidia-ml.so.1 once per session with `make -C nvlfabric/sim/nvml OUT=<tmp>`."""
     return build_library(tmp_path_factory.mktemp("nvml-lib"))
 
 

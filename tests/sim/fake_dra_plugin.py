@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from kubeletapi import (
+from nvlfabric.api.kubelet import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -24,7 +24,7 @@ from kubeletapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from kubeletapi.cdi import ContainerEdits, Device, DeviceNode, Spec
+from nvlfabric.api.kubelet.cdi import ContainerEdits, Device, DeviceNode, Spec
 
 
 @dataclass

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sim.imex.config import ImexConfig, WaitForQuorum, write_config, write_nodes_file
+from nvlfabric.sim.imex.config import ImexConfig, WaitForQuorum, write_config, write_nodes_file
 
 REPO = Path(__file__).resolve().parents[2]
-SRC = REPO / "sim" / "imex"
+SRC = REPO / "nvlfabric" / "sim" / "imex"
 
 _built: dict[str, Path] = {}
 
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 def build_imex(out: Path, *, asan: bool = False) -> Path:
-    """`make -C sim/imex OUT=<out>` (plus the `asan` target if asked); once per process and flavour."""
+    """`make -C nvlfabric/sim/imex OUT=<out>` (plus the `asan` target if asked); once per process and flavour."""
     key = "asan" if asan else "plain"
     if key in _built:
         return _built[key]

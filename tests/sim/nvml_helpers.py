@@ -14,10 +14,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from sim.nvml.constants import ENV_FAULTS, ENV_NODE, ENV_TOPOLOGY
+from nvlfabric.sim.nvml.constants import ENV_FAULTS, ENV_NODE, ENV_TOPOLOGY
 
 REPO = Path(__file__).resolve().parents[2]
-NVML_SRC = REPO / "sim" / "nvml"
+NVML_SRC = REPO / "nvlfabric" / "sim" / "nvml"
 PROBE = Path(__file__).with_name("nvml_probe.py")
 REPLY_TIMEOUT_S = 60.0
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sim import processes
-from sim.controlplane import ControlPlane, Ports
+from nvlfabric.sim import processes
+from nvlfabric.sim.controlplane import ControlPlane, Ports
 from tests.conftest import Cluster, free_ports
 
-CLI = [sys.executable, "-m", "sim.cli"]
+CLI = [sys.executable, "-m", "nvlfabric.sim.cli"]
 
 
 def sim(*args: str, state_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:

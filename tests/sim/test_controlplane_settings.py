@@ -11,9 +11,9 @@ import pytest
 import yaml
 from lightkube.models.core_v1 import Container
 
-from sim import processes
-from sim.controlplane import ControlPlane
-from sim.kubelet.processes import _launch, stop_all
+from nvlfabric.sim import processes
+from nvlfabric.sim.controlplane import ControlPlane
+from nvlfabric.sim.kubelet.processes import _launch, stop_all
 from tests.conftest import free_ports
 
 # Takes a second to exit after SIGTERM, as a node agent stopping its IMEX daemon does.

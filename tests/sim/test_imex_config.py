@@ -1,4 +1,4 @@
-"""The IMEX config model (sim/imex/config.py) against the stand-in daemon's own parser.
+"""The IMEX config model (nvlfabric/sim/imex/config.py) against the stand-in daemon's own parser.
 
 `nvidia-imex --check-config` parses a config (and the nodes file when present), prints the effective
 settings and exits. The fuzz tests run the sanitizer build (ASan + UBSan) when it can be built.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.imex.config import (
+from nvlfabric.sim.imex.config import (
     ConfigSyntaxError,
     ImexConfig,
     WaitForQuorum,

@@ -1,4 +1,4 @@
-"""The IMEX stand-ins (sim/imex) as the node agent will use them: real config and nodes files,
+"""The IMEX stand-ins (nvlfabric/sim/imex) as the node agent will use them: real config and nodes files,
 daemons on distinct loopback addresses, nvidia-imex-ctl -q / -N / -N -j, signals."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.imex.config import ImexConfig, write_config
+from nvlfabric.sim.imex.config import ImexConfig, write_config
 from tests.sim.imex_fixtures import (
     ImexCluster,
     all_connected,
@@ -45,7 +45,8 @@ def cluster(imex_bin: Path, tmp_path: Path) -> Iterator[ImexCluster]:
 
 @pytest.mark.skipif(ASAN, reason="checks the plain build")
 def test_build_is_incremental(imex_bin: Path) -> None:
-    out = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2] / "sim" / "imex"), f"OUT={imex_bin}"],
+    src = Path(__file__).resolve().parents[2] / "nvlfabric" / "sim" / "imex"
+    out = subprocess.run(["make", "-C", str(src), f"OUT={imex_bin}"],
                          capture_output=True, text=True, check=True).stdout
     assert "gcc" not in out and "Nothing to be done" in out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.nvml.constants import (
+from nvlfabric.sim.nvml.constants import (
     EXPORTED_SYMBOLS,
     HEALTH_DEGRADED_BW,
     HEALTH_MASK_HEALTHY,
@@ -18,7 +18,7 @@ from sim.nvml.constants import (
     Tristate,
     health_field,
 )
-from sim.nvml.topology import Node, Topology, build_topology, gb200_gpu
+from nvlfabric.sim.nvml.topology import Node, Topology, build_topology, gb200_gpu
 from tests.sim.conftest import NvmlCluster, ProbeFactory
 from tests.sim.nvml_helpers import NVML_SRC, build_library, cluster_uuid, handle, struct
 

@@ -8,7 +8,7 @@ from uuid import UUID
 import pytest
 from pydantic import ValidationError
 
-from sim.nvml.constants import (
+from nvlfabric.sim.nvml.constants import (
     CALL_NAMES,
     HEALTH_DEGRADED_BW,
     HEALTH_ROUTE_UNHEALTHY,
@@ -19,7 +19,7 @@ from sim.nvml.constants import (
     health_field,
     health_mask,
 )
-from sim.nvml.faults import (
+from nvlfabric.sim.nvml.faults import (
     GpuFault,
     NodeFaults,
     call_error,

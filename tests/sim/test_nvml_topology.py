@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sim.nvml.constants import FabricState, HealthSummary, NvmlReturn
-from sim.nvml.faults import GpuFault, NodeFaults, merge
-from sim.nvml.topology import (
+from nvlfabric.sim.nvml.constants import FabricState, HealthSummary, NvmlReturn
+from nvlfabric.sim.nvml.faults import GpuFault, NodeFaults, merge
+from nvlfabric.sim.nvml.topology import (
     GB200_PCI_DOMAINS,
     Node,
     Rack,

@@ -34,7 +34,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice
 
-from sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.kube import eventually
 from tests.sim.fake_dra_plugin import FakePlugin
@@ -53,7 +53,7 @@ def sim_nodes(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     nodes = rack_nodes(state, racks=1, nodes_per_rack=2, first_rack=RACK)
     client.create(slice_for(nodes[0].name, "stale.test.nvlfabric.io", name=f"stale-{uuid.uuid4().hex[:5]}"))
     log = (state / "kubelet.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "sim.kubelet", "--state-dir", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state),
                              "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2",
                              "--first-rack", str(RACK)], stdout=subprocess.PIPE, stderr=log, text=True)
     assert proc.stdout is not None

@@ -35,8 +35,8 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
-from sim import faults
-from sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim import faults
+from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
 from tests.kube import eventually
 
@@ -51,7 +51,7 @@ def nodes(cluster: Cluster) -> Iterator[list[SimNode]]:
     state = Path(tempfile.mkdtemp(prefix="nvlp-", dir="/tmp"))
     images = json.dumps({IMAGE: [sys.executable, str(ECHO)]})
     log = (state / "kubelet.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "sim.kubelet", "--state-dir", str(state), "--kubeconfig",
+    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
                              str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2", "--first-rack",
                              str(RACK), "--images", images, "--ca-file",
                              str(cluster.controlplane.state_dir / "pki" / "ca.crt")],

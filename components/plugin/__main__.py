@@ -1,6 +1,0 @@
-"""Entry point of the nvlfabric component provider plugin (see PulumiPlugin.yaml beside it)."""
-
-from components.provider import main
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,126 @@
+"""Every name and limit nvlfabric's rooms share: the one home of each (nothing keeps a copy).
+
+The components accept, the providers write, the controller publishes and the node agent prepares by
+these, so a limit a component accepts is by construction one the controller and the agent accept
+(tests/test_contract.py checks the boundaries). A leaf: standard library only, so the node agent
+loads it without any object models.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# -- identity ---------------------------------------------------------------------------------------
+
+GROUP: Final = "nvlfabric.io"
+"""Our API group (the ComputeDomain CRD) and the prefix of our label, annotation and gate keys."""
+DRIVER: Final = "channel.nvlfabric.io"
+"""Our DRA driver: the channel pools' driver, the kubelet plugin's name, the opaque config's driver."""
+DEVICE_CLASS: Final = "imex-channel.nvlfabric.io"
+"""The DeviceClass every ComputeDomain's channel claim requests (`device.driver == DRIVER`)."""
+NAMESPACE: Final = "nvlfabric-system"
+"""Where the driver runs; fixed, because the admission policies name its service accounts."""
+AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
+"""An agent's field manager is this plus its node name: it owns its node's status entries."""
+CONTROLLER_FIELD_MANAGER: Final = "nvlfabric-controller"
+
+# -- label, annotation and gate keys ----------------------------------------------------------------
+
+CLIQUE_LABEL: Final = "nvlfabric.io/clique"
+"""On a Node: its NVLink clique `<clusterUuid>.<cliqueId>`, set by the node's agent."""
+FABRIC_READY_LABEL: Final = "nvlfabric.io/fabric-ready"
+"""On a Node: `true`/`false`, whether its agent found the NVLink fabric ready."""
+RACK_LABEL: Final = "nvlfabric.io/rack"
+"""On a Node: the rack an `Nvl72Rack` declared it in."""
+EXPECTED_CLIQUE_LABEL: Final = "nvlfabric.io/expected-clique"
+"""On a Node: the clique its rack declaration expects (checked against CLIQUE_LABEL)."""
+POOL_LABEL: Final = "nvlfabric.io/pool"
+"""On a ResourceSlice: the channel pool it belongs to."""
+COMPUTE_DOMAIN_LABEL: Final = "nvlfabric.io/compute-domain"
+"""On a channel claim and on bound workloads: the ComputeDomain's name."""
+RESERVATION_GATE: Final = "nvlfabric.io/channel-reservation"
+"""A pod scheduling gate (BoundJob adds it): the controller lifts it once the pod is in its
+channel claim's reservedFor, so the scheduler never races itself on the shared claim."""
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+PART_OF: Final = "nvlfabric"
+
+# -- hardware and API limits ------------------------------------------------------------------------
+
+IMEX_CHANNEL_COUNT: Final = 2048
+"""IMEX channels 0..2047 exist on every node (/dev/nvidia-caps-imex-channels/channelN)."""
+MAX_CHANNEL: Final = IMEX_CHANNEL_COUNT - 1
+MAX_CHANNELS_PER_CLIQUE: Final = MAX_CHANNEL
+"""A clique's pool holds channels 1..N: channel 0 is never handed out (drivers may create it for
+everybody, `NVreg_CreateImexChannel0`, so it isolates nothing), hence at most 2047."""
+DEFAULT_CHANNELS_PER_CLIQUE: Final = 128
+"""One ResourceSlice's worth (MAX_DEVICES_PER_SLICE): enough ComputeDomains per rack for most."""
+MAX_DEVICES_PER_SLICE: Final = 128
+"""resource.k8s.io/v1 allows at most 128 devices in one ResourceSlice."""
+MAX_PODS_PER_CLAIM: Final = 256
+"""A ResourceClaim's `status.reservedFor` holds at most 256 consumers: the pods of one domain."""
+GPUS_PER_NODE: Final = 4
+"""A GB200 compute tray: 4 GPUs (a node)."""
+NODES_PER_CLIQUE: Final = 18
+"""An NVL72 rack: 18 trays in one NVLink clique."""
+GPUS_PER_CLIQUE: Final = GPUS_PER_NODE * NODES_PER_CLIQUE
+MAX_IMEX_PORT_SLOT: Final = 99
+"""Dedicated IMEX domains use port slots 1..99 (slot 0, the IMEX default ports, is the clique's
+persistent domain)."""
+
+# -- name rules ---------------------------------------------------------------------------------------
+
+DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_MAX: Final = 63
+DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN_MAX: Final = 253
+CLIQUE: Final = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,10}$"
+"""`<clusterUUID>.<cliqueID>` as NVIDIA's GPU Feature Discovery and DRA driver format it: the
+canonical lowercase UUID of the NVLink domain, a dot, the clique (NVLink partition) as a decimal
+uint32. Example `9f410827-489f-46fd-8203-51266ca08eb7.32766`."""
+CLIQUE_MAX: Final = 47
+_DNS_LABEL_RE: Final = re.compile(DNS_LABEL)
+_DNS_SUBDOMAIN_RE: Final = re.compile(DNS_SUBDOMAIN)
+
+
+def is_dns_label(value: str) -> bool:
+    """An RFC 1123 label: what Kubernetes requires of namespaces and most object names."""
+    return len(value) <= DNS_LABEL_MAX and _DNS_LABEL_RE.match(value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """An RFC 1123 subdomain: what Kubernetes requires of claim, class and other object names."""
+    return len(value) <= DNS_SUBDOMAIN_MAX and _DNS_SUBDOMAIN_RE.match(value) is not None
+
+
+# -- channel pools: format and parse ---------------------------------------------------------------
+
+POOL_PREFIX: Final = "clique-"
+DEVICE_PREFIX: Final = "channel-"
+
+
+def pool_name(clique: str) -> str:
+    """The channel pool of `clique`: `clique-<clique>`."""
+    return f"{POOL_PREFIX}{clique}"
+
+
+def clique_of_pool(pool: str) -> str | None:
+    """The clique a pool name stands for, or None when it is not one of our pool names."""
+    clique = pool.removeprefix(POOL_PREFIX)
+    return clique if pool.startswith(POOL_PREFIX) and clique else None
+
+
+def channel_device(channel: int) -> str:
+    """The pool device for channel `channel`: `channel-<n>`."""
+    return f"{DEVICE_PREFIX}{channel}"
+
+
+def channel_of_device(device: str) -> int | None:
+    """The channel a device name stands for (`channel-7` → 7), or None when it is not 1..2047."""
+    digits = device.removeprefix(DEVICE_PREFIX)
+    # Canonical decimal only: `channel-07` or `channel-٣` would be another device's name.
+    if not (device.startswith(DEVICE_PREFIX) and digits.isascii() and digits.isdigit()) or digits != str(int(digits)):
+        return None
+    channel = int(digits)
+    return channel if 1 <= channel <= MAX_CHANNEL else None

@@ -1,0 +1,48 @@
+"""How nvlfabric's long-running processes (the node agent, the controller) log and stop.
+
+Shared by both so that `kubectl logs` reads the same on every pod of the driver: one JSON object per
+line (what log collectors expect from a DaemonSet) or plain text, and SIGTERM/SIGINT setting one
+stop event the process's loop waits on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from typing import Literal
+
+LogFormat = Literal["json", "text"]
+#: Client libraries that log every request at INFO.
+_NOISY = ("httpx", "httpx2", "httpcore")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: `ts`, `level`, `logger`, `msg`, and `error` with a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(log_format: LogFormat) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    for noisy in _NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM (the kubelet stopping the pod) or SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

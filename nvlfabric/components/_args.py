@@ -1,0 +1,65 @@
+"""Validated component arguments: pydantic models checked when a component is constructed.
+
+A bad argument fails the program (so `pulumi preview` already fails) with one line per problem,
+each naming the component, the field, what was wrong and how to fix it (the field's description).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+import pulumi
+from pydantic import BaseModel, ValidationError
+
+from nvlfabric.api import names
+from nvlfabric.api.names import COMPONENT_LABEL
+
+PART_OF: Final = {names.PART_OF_LABEL: names.PART_OF}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ComponentArgsError(pulumi.RunError):
+    """Invalid component arguments; the message names every bad field and its fix.
+
+    A `pulumi.RunError`, so the program stops with this message and no Python traceback.
+    `problems` holds the same as data, `(location, text)` per bad field (an empty location means
+    the arguments as a whole), for the component provider to report per property.
+    """
+
+    def __init__(self, message: str, problems: list[tuple[tuple[int | str, ...], str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(arguments)"
+
+
+def validate(model: type[M], component: str, resource_name: str, values: dict[str, Any]) -> M:
+    """`model` validated from `values`, or a `ComponentArgsError` naming each field and its fix."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        problems: list[tuple[tuple[int | str, ...], str]] = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            field = model.model_fields.get(str(loc[0])) if loc else None
+            hint = f" (expected: {field.description})" if field is not None and field.description else ""
+            # (the input of a problem of the arguments as a whole is all of them: not worth repeating)
+            got = "" if err["type"] in ("missing", "extra_forbidden") or not loc else f" (got {err.get('input')!r})"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown argument; valid ones are {', '.join(model.model_fields)}"
+            problems.append((loc, f"{msg}{got}{hint}"))
+        raise ComponentArgsError(
+            f"{component} {resource_name!r}: invalid arguments\n"
+            + "\n".join(f"  {_path(loc)}: {text}" for loc, text in problems), problems) from None
+
+
+def labels(component: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The labels every object of an nvlfabric component carries."""
+    return {**(extra or {}), **PART_OF, COMPONENT_LABEL: component}

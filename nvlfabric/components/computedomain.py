@@ -1,0 +1,104 @@
+"""`ComputeDomain` component: one nvlfabric ComputeDomain and its shared channel claim.
+
+Wraps the dynamic resource `nvlfabric.provider.computedomain.ComputeDomain` with validated arguments and
+typed outputs, and counts the pods bound to it (a claim's `reservedFor` holds at most 256 pods).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pydantic import BaseModel, ConfigDict, Field
+
+from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name
+from nvlfabric.api.names import DNS_LABEL, MAX_PODS_PER_CLAIM
+from nvlfabric.components._args import ComponentArgsError, labels, validate
+from nvlfabric.provider.await_ import AwaitFor
+from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
+
+#: A claim's `status.reservedFor` holds at most this many consumers (pods).
+
+
+class ComputeDomainArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=DNS_LABEL, max_length=57,
+                      description="a DNS label of at most 57 characters (the claim is <name>-channel)")
+    namespace: str = Field("default", pattern=DNS_LABEL, max_length=63,
+                           description="the namespace of the domain, its claim and its workloads (a DNS label)")
+    spec: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec,
+                                    description="a ComputeDomainSpec (numNodes, imexMode, channelAllocationMode, ...)")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the ComputeDomain")
+    await_for: AwaitFor | None = Field(AwaitFor.ACCEPTED,
+                                       description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it, so not "
+                                                   "with workloads bound to it by BoundJob)")
+    timeout_s: float = Field(600.0, gt=0, description="seconds a create, update or delete may take (> 0)")
+    force_delete: bool = Field(False, description="delete even while pods use the channel")
+
+
+class ComputeDomain(pulumi.ComponentResource):
+    """A ComputeDomain: pods bound to it share one IMEX channel inside one NVLink clique."""
+
+    name: str
+    namespace: str
+    claim_name: pulumi.Output[str]
+    clique: pulumi.Output[str | None]
+    channel: pulumi.Output[int | None]
+    members: pulumi.Output[list[str]]
+    phase: pulumi.Output[str]
+    ready_nodes: pulumi.Output[int]
+    total_nodes: pulumi.Output[int]
+
+    def __init__(self, resource_name: str, *, name: str | None = None, namespace: str = "default",
+                 spec: ComputeDomainSpec | dict[str, Any] | None = None, labels: dict[str, str] | None = None,
+                 await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: float = 600.0,
+                 force_delete: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
+        self.args = validate(ComputeDomainArgs, "ComputeDomain", resource_name, {
+            "name": name if name is not None else resource_name, "namespace": namespace,
+            "spec": spec if spec is not None else {}, "labels": labels or {}, "await_for": await_for,
+            "timeout_s": timeout_s, "force_delete": force_delete})
+        super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
+        a = self.args
+        self.name, self.namespace = a.name, a.namespace
+        # Known from the arguments (preview included), unlike the `claim_name` output, which is
+        # unknown while the domain itself changes: workloads use this, so a change of the domain
+        # does not show them as changing too.
+        self.claim: str = channel_claim_name(a.name, a.spec)
+        self.bound_pods = 0
+        self.resource = ComputeDomainResource(
+            resource_name, name=a.name, namespace=a.namespace, spec=a.spec,
+            labels=_labels(a.labels), await_for=a.await_for, timeout_s=a.timeout_s,
+            force_delete=a.force_delete, opts=pulumi.ResourceOptions(parent=self))
+        r = self.resource
+        self.claim_name = r.claim_name
+        self.clique = r.clique
+        self.channel = r.channel
+        self.phase = r.phase
+        self.ready_nodes = r.ready_nodes
+        self.total_nodes = r.total_nodes
+        self.members = r.nodes.apply(lambda nodes: [str(n.get("name")) for n in nodes or []])
+        self.register_outputs({"claim_name": self.claim_name, "clique": self.clique, "channel": self.channel,
+                               "members": self.members, "phase": self.phase, "ready_nodes": self.ready_nodes,
+                               "total_nodes": self.total_nodes})
+
+    def bind(self, workload: str, pods: int) -> None:
+        """Record `pods` more pods of `workload` using this domain's claim; refuse past 256, and
+        refuse a domain that awaits Ready (it would wait for pods that are created after it)."""
+        if self.args.await_for is AwaitFor.READY:
+            raise ComponentArgsError(
+                f"ComputeDomain {self.name!r}: await_for='Ready' with workload {workload!r} bound to it: the domain "
+                "becomes Ready only once pods of its workloads run, and those are created after the domain's create "
+                f"returns, so `pulumi up` would wait the whole timeout_s ({self.args.timeout_s:g} s) and fail. Use "
+                "await_for='Accepted' (the default) for a domain with bound workloads, and wait for the workload "
+                "instead (BoundJob wait=True) or watch the domain's phase")
+        if self.bound_pods + pods > MAX_PODS_PER_CLAIM:
+            raise ComponentArgsError(
+                f"ComputeDomain {self.name!r}: binding {workload!r} would make {self.bound_pods + pods} pods use "
+                f"its channel claim; a claim can be reserved for at most {MAX_PODS_PER_CLAIM} pods. Split the "
+                "workload over several ComputeDomains or use fewer, larger pods")
+        self.bound_pods += pods
+
+
+def _labels(extra: dict[str, str]) -> dict[str, str]:
+    return labels("compute-domain", extra)

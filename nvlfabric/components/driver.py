@@ -1,0 +1,146 @@
+"""`NvlfabricDriver`: nvlfabric's DRA driver installed as Pulumi resources.
+
+Installs the ComputeDomain CRD and every object of the driver manifest (`nvlfabric.manifests`:
+`crds/`, `driver/driver.yaml`)
+(namespace, DeviceClass, RBAC, admission policies, the node-agent DaemonSet and the controller
+Deployment) through `pulumi_kubernetes.yaml.v2.ConfigGroup`, so the manifests stay the one source
+and this component only applies its settings to them. Every object is labelled
+`app.kubernetes.io/part-of: nvlfabric` and `app.kubernetes.io/component`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from nvlfabric import manifests
+from nvlfabric.api import names
+from nvlfabric.api.computedomain import IMEXMode
+from nvlfabric.api.names import COMPONENT_LABEL
+from nvlfabric.components._args import PART_OF, validate
+
+_ABS_PATH = r"^/[^\s]*$"
+_IMAGE = r"^[a-z0-9][^\s:@]*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+
+
+class NvlfabricDriverArgs(BaseModel):
+    """The settings of the driver install."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field("nvlfabric/node-agent:0.1.0", pattern=_IMAGE,
+                       description="the node agent/controller image, e.g. nvlfabric/node-agent:0.1.0")
+    driver_root: str = Field("/run/nvidia/driver", pattern=_ABS_PATH,
+                             description="an absolute host path where the NVIDIA driver is installed "
+                                         "(/run/nvidia/driver with the GPU operator, / for a host install)")
+    kubelet_root: str = Field("/var/lib/kubelet", pattern=_ABS_PATH,
+                              description="the kubelet's absolute root directory on the host (--root-dir)")
+    channels_per_clique: int = Field(
+        names.DEFAULT_CHANNELS_PER_CLIQUE, ge=1, le=names.MAX_CHANNELS_PER_CLIQUE,
+        description=f"IMEX channels per NVLink clique, 1..{names.MAX_CHANNELS_PER_CLIQUE} (channels 1..N are handed "
+                    "out; channel 0 never is)")
+    imex_modes: list[IMEXMode] = Field(
+        default_factory=lambda: [IMEXMode.CLIQUE_SCOPED, IMEXMode.DEDICATED], min_length=1,
+        description="the IMEX modes the agents accept for ComputeDomains: CliqueScoped (one persistent IMEX "
+                    "daemon per clique on each node) and/or Dedicated (a daemon per ComputeDomain); allow only "
+                    "one to keep nodes at one IMEX daemon each")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
+
+    @field_validator("imex_modes")
+    @classmethod
+    def _unique_modes(cls, modes: list[IMEXMode]) -> list[IMEXMode]:
+        if len(set(modes)) != len(modes):
+            raise ValueError("each IMEX mode at most once")
+        return modes
+
+
+def _label(obj: dict[str, Any], extra: dict[str, str]) -> None:
+    meta = obj.setdefault("metadata", {})
+    lab = meta.setdefault("labels", {}) or {}
+    meta["labels"] = {**extra, **lab, **PART_OF}
+    meta["labels"].setdefault(COMPONENT_LABEL, "driver")
+
+
+def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    for item in env:
+        if item.get("name") == name:
+            item.clear()
+            item.update({"name": name, "value": value})
+            return
+    env.append({"name": name, "value": value})
+
+
+def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> list[dict[str, Any]]:
+    """The objects of driver.yaml with `args` applied (pure: tested without a cluster)."""
+    text = manifest if manifest is not None else manifests.read(manifests.DRIVER_FILE)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    out = []
+    for doc in docs:
+        obj = copy.deepcopy(doc)
+        _label(obj, args.labels)
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            pod = obj["spec"]["template"]["spec"]
+            for c in pod["containers"]:
+                c["image"] = args.image
+                if obj["kind"] == "Deployment":
+                    _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
+                else:
+                    _set_env(c, "IMEX_MODES", ",".join(m.value for m in args.imex_modes))
+                for m in c.get("volumeMounts") or []:
+                    if m.get("name") == "kubelet":
+                        m["mountPath"] = args.kubelet_root
+                if any(e.get("name") == "KUBELET_ROOT" for e in c.get("env") or []):
+                    _set_env(c, "KUBELET_ROOT", args.kubelet_root)
+            for v in pod.get("volumes") or []:
+                if v.get("name") == "kubelet" and "hostPath" in v:
+                    v["hostPath"]["path"] = args.kubelet_root
+                if v.get("name") == "driver-root" and "hostPath" in v:
+                    v["hostPath"]["path"] = args.driver_root
+        out.append(obj)
+    return out
+
+
+def crd_objects(args: NvlfabricDriverArgs) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(manifests.read(manifests.CRD_FILE)) if d]
+    for d in docs:
+        _label(d, args.labels)
+        d["metadata"]["labels"][COMPONENT_LABEL] = "crd"
+    return docs
+
+
+class NvlfabricDriver(pulumi.ComponentResource):
+    """nvlfabric's DRA driver: the ComputeDomain CRD, the DeviceClass, RBAC, admission policies,
+    the node agent (DaemonSet) and the controller (Deployment)."""
+
+    namespace: pulumi.Output[str]
+    device_class: pulumi.Output[str]
+    crd: pulumi.Output[str]
+    image: pulumi.Output[str]
+
+    def __init__(self, resource_name: str, *, image: str = "nvlfabric/node-agent:0.1.0",
+                 driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
+                 channels_per_clique: int = 128, imex_modes: list[str] | None = None,
+                 labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
+        self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
+            "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
+            "channels_per_clique": channels_per_clique, "labels": labels or {},
+            **({"imex_modes": imex_modes} if imex_modes is not None else {})})
+        super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)
+        self.group = k8s.yaml.v2.ConfigGroup(
+            f"{resource_name}-driver", objs=driver_objects(self.args),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.crd_group]))
+        self.namespace = pulumi.Output.from_input(names.NAMESPACE)
+        # Outputs resolve once the objects exist, so dependants wait for the install.
+        self.device_class = self.group.resources.apply(lambda _: names.DEVICE_CLASS)
+        self.crd = self.crd_group.resources.apply(lambda _: "computedomains.nvlfabric.io")
+        self.image = pulumi.Output.from_input(self.args.image)
+        self.register_outputs({"namespace": self.namespace, "device_class": self.device_class,
+                               "crd": self.crd, "image": self.image})

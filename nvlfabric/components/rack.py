@@ -1,0 +1,128 @@
+"""`Nvl72Rack`: a GB200 NVL72 rack as code: its nodes, the clique they should form, their labels
+and taints, and what the cluster says about them.
+
+The clique is discovered by the node agents (NVML) and written to the Nodes' `nvlfabric.io/clique`
+label; `expected_clique`, when given, is recorded on the nodes as `nvlfabric.io/expected-clique`
+so a mismatch (a miscabled tray, a tray in the wrong rack) is visible with one label selector.
+
+At every preview and update the component also reads the rack's Nodes (nvlfabric/provider/racks.py): its
+outputs `discovered_cliques`, `clique_mismatches` and `free_gpus` say what the agents found, and a
+mismatch with the declared clique (or a rack whose nodes report more than one clique) is a
+warning in the `pulumi up` output naming the nodes. These are read when the program runs, before
+the update's own changes.
+
+Taints are applied with the labels (server-side apply of the Node's metadata and spec.taints).
+A Node's taint list is one atomic field: the rack's taints replace the list, so declare every
+taint a rack's nodes should carry (the kubelet's and the node controller's own taints come back
+by themselves).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
+from nvlfabric.components._args import validate
+from nvlfabric.provider import kube, racks
+
+
+class Taint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+                     description="a label-style key, e.g. nvidia.com/gpu")
+    value: str = Field("", max_length=63, description="the taint's value (may be empty)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        "NoSchedule", description="NoSchedule (default), PreferNoSchedule or NoExecute")
+
+
+class Nvl72RackArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63, description="the rack's name (a DNS label), e.g. rack-0")
+    nodes: list[str] = Field(min_length=1, max_length=NODES_PER_CLIQUE,
+                             description=f"the rack's Kubernetes node names, 1..{NODES_PER_CLIQUE} compute trays")
+    expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,40}[A-Za-z0-9])?$",
+                                        description="<clusterUuid>.<cliqueId> the rack's trays should report "
+                                                    "(a label value of at most 42 characters), or None")
+    label_nodes: bool = Field(True, description="label the rack's Nodes (nvlfabric.io/rack, expected clique)")
+    taints: list[Taint] = Field(default_factory=list, description="taints for the rack's Nodes, e.g. "
+                                "[{key: nvidia.com/gpu, value: present, effect: NoSchedule}] (they replace the "
+                                "Nodes' taint lists; needs label_nodes)")
+    observe: bool = Field(True, description="read the rack's Nodes at preview and up: discovered cliques, "
+                                            "mismatches, free GPUs")
+    gpu_resource: str = Field("nvidia.com/gpu", description="the resource name free GPUs are counted in")
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique(cls, nodes: list[str]) -> list[str]:
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("node names must be unique")
+        return nodes
+
+    @field_validator("taints")
+    @classmethod
+    def _one_per_key_effect(cls, taints: list[Taint]) -> list[Taint]:
+        seen = [(t.key, t.effect) for t in taints]
+        if len(set(seen)) != len(seen):
+            raise ValueError("two taints with the same key and effect")
+        return taints
+
+
+class Nvl72Rack(pulumi.ComponentResource):
+    """One NVL72 rack: up to 18 nodes x 4 GPUs on one NVLink fabric."""
+
+    nodes: pulumi.Output[list[str]]
+    gpus: pulumi.Output[int]
+    expected_clique: pulumi.Output[str | None]
+    discovered_cliques: pulumi.Output[dict[str, str | None] | None]
+    clique_mismatches: pulumi.Output[list[str] | None]
+    free_gpus: pulumi.Output[int | None]
+
+    def __init__(self, resource_name: str, *, nodes: list[str], name: str | None = None,
+                 expected_clique: str | None = None, label_nodes: bool = True,
+                 taints: list[dict[str, str]] | None = None, observe: bool = True,
+                 gpu_resource: str = "nvidia.com/gpu", opts: pulumi.ResourceOptions | None = None) -> None:
+        self.args = validate(Nvl72RackArgs, "Nvl72Rack", resource_name, {
+            "name": name if name is not None else resource_name, "nodes": nodes,
+            "expected_clique": expected_clique, "label_nodes": label_nodes, "taints": taints or [],
+            "observe": observe, "gpu_resource": gpu_resource})
+        super().__init__("nvlfabric:index:Nvl72Rack", resource_name, None, opts)
+        a = self.args
+        if a.label_nodes:
+            node_labels = {RACK_LABEL: a.name}
+            if a.expected_clique:
+                node_labels[EXPECTED_CLIQUE_LABEL] = a.expected_clique
+            spec = {"taints": [t.model_dump() for t in a.taints]} if a.taints else None
+            self.patches = [k8s.core.v1.NodePatch(f"{resource_name}-{n}", metadata={"name": n, "labels": node_labels},
+                                                  spec=spec, opts=pulumi.ResourceOptions(parent=self))
+                            for n in a.nodes]
+        self.nodes = pulumi.Output.from_input(list(a.nodes))
+        self.gpus = pulumi.Output.from_input(len(a.nodes) * GPUS_PER_NODE)
+        self.expected_clique = pulumi.Output.from_input(a.expected_clique)
+        view = self._observe() if a.observe else None
+        self.discovered_cliques = pulumi.Output.from_input(view.cliques if view else None)
+        self.clique_mismatches = pulumi.Output.from_input(list(view.mismatches) if view else None)
+        self.free_gpus = pulumi.Output.from_input(view.free_gpus if view else None)
+        self.register_outputs({"nodes": self.nodes, "gpus": self.gpus, "expected_clique": self.expected_clique,
+                               "discovered_cliques": self.discovered_cliques,
+                               "clique_mismatches": self.clique_mismatches, "free_gpus": self.free_gpus})
+
+    def _observe(self) -> racks.RackView | None:
+        """Read the rack's Nodes now; a cluster that cannot be read is a warning, not a failure."""
+        a = self.args
+        try:
+            client = kube.client(kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig")))
+            view = racks.summarize(racks.observe(client, a.nodes, gpu_resource=a.gpu_resource), a.expected_clique)
+        except Exception as exc:  # any failure to read costs only these outputs
+            pulumi.log.warn(f"rack {a.name}: could not read its Nodes ({type(exc).__name__}: {exc}); discovered "
+                            "cliques and free GPUs are unknown", resource=self)
+            return None
+        if view.mismatches:
+            pulumi.log.warn(f"rack {a.name}: the nodes do not form the declared NVLink clique: "
+                            + "; ".join(view.mismatches), resource=self)
+        return view

@@ -1,0 +1,233 @@
+"""`BoundJob`: a user's pod template run as a workload whose pods all join a ComputeDomain.
+
+The component adds what binding takes, so users write none of it: the pod-level claim reference
+to the domain's one shared channel claim (`resourceClaims: [{name: channel, resourceClaimName:
+<claim>}]`), each container's `resources.claims: [{name: channel}]`, the GPU limit, and the
+scheduling gate `nvlfabric.io/channel-reservation`, which nvlfabric's controller lifts once the pod
+is reserved on the claim (nvlfabric/controller/reservations.py). Placement inside one NVLink clique needs no
+affinity: the claim's allocation carries the clique's node selector (docs/architecture.md, "DRA
+design").
+
+The workload's shape (`kind`):
+- `Job` (default): an Indexed batch/v1 Job of `parallelism` pods;
+- `StatefulSet`: apps/v1, `parallelism` replicas started in parallel (all members must come up
+  together), with the headless Service it needs for stable pod names;
+- `JobSet` (jobset.x-k8s.io/v1alpha2): one replicated Job of `parallelism` Indexed pods;
+- `LeaderWorkerSet` (leaderworkerset.x-k8s.io/v1): one group of `parallelism` pods, the leader
+  from the same template.
+JobSet and LeaderWorkerSet need their controllers in the cluster (they are not part of
+Kubernetes, nor of the simulator); the component creates the object with the binding inside.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Final, Literal
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nvlfabric.api.names import (
+    COMPUTE_DOMAIN_LABEL,
+    DNS_LABEL,
+    GPUS_PER_CLIQUE,
+    GPUS_PER_NODE,
+    MAX_PODS_PER_CLAIM,
+    RESERVATION_GATE,
+)
+from nvlfabric.components._args import ComponentArgsError, validate
+from nvlfabric.components._args import labels as nvl_labels
+from nvlfabric.components.computedomain import ComputeDomain
+
+CLAIM_REF: Final = "channel"
+WorkloadKind = Literal["Job", "StatefulSet", "JobSet", "LeaderWorkerSet"]
+#: Kinds whose pods run to completion (restartPolicy Never/OnFailure); the others keep running (Always).
+BATCH_KINDS: Final = ("Job", "JobSet")
+JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
+LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
+
+
+class BoundJobArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=DNS_LABEL, max_length=52,
+                      description="a DNS label of at most 52 characters (pod names add a suffix)")
+    kind: WorkloadKind = Field("Job", description="the workload's shape: Job (default), StatefulSet, JobSet or "
+                                                  "LeaderWorkerSet (the last two need their controllers)")
+    pod_template: dict[str, Any] = Field(
+        description="a PodTemplateSpec as a dict: {'metadata': {...}, 'spec': {'containers': [{'name', 'image'}]}}")
+    parallelism: int = Field(1, ge=1, le=MAX_PODS_PER_CLAIM,
+                             description=f"pods running at once, 1..{MAX_PODS_PER_CLAIM} "
+                                         "(a claim's reservedFor limit)")
+    completions: int | None = Field(None, ge=1, description="pods that must succeed (default: parallelism; "
+                                                            "Job and JobSet only)")
+    gpus_per_pod: int = Field(GPUS_PER_NODE, ge=0, le=GPUS_PER_NODE,
+                              description=f"GPUs per pod, 0..{GPUS_PER_NODE} "
+                                          f"(a GB200 compute tray has {GPUS_PER_NODE})")
+    gpu_resource: str | None = Field("nvidia.com/gpu",
+                                     description="the extended resource GPUs are requested as; None requests none "
+                                                 "(GPUs allocated by another DRA driver). Without GPU requests "
+                                                 "nothing spreads the pods over nodes: a domain's numNodes may "
+                                                 "then never be reached")
+    wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
+                                          "until every pod is ready")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")
+    reservation_gate: bool = Field(True, description=f"hold each pod with the scheduling gate {RESERVATION_GATE} "
+                                                     "until nvlfabric's controller has reserved the domain's channel "
+                                                     "claim for it, so the pods do not race on the shared claim; "
+                                                     "False leaves scheduling to kube-scheduler alone")
+
+    @field_validator("pod_template")
+    @classmethod
+    def _template(cls, tpl: dict[str, Any]) -> dict[str, Any]:
+        spec = tpl.get("spec")
+        if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
+            raise ValueError("needs spec.containers: a non-empty list of containers")
+        for i, c in enumerate(spec["containers"]):
+            if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
+                raise ValueError(f"spec.containers[{i}] needs a name and an image")
+        if any(rc.get("name") == CLAIM_REF for rc in spec.get("resourceClaims") or []):
+            raise ValueError(f"spec.resourceClaims already has an entry named {CLAIM_REF!r}, which BoundJob adds")
+        return tpl
+
+    @model_validator(mode="after")
+    def _sizes(self) -> BoundJobArgs:
+        restart = self.pod_template["spec"].get("restartPolicy")
+        if self.kind in BATCH_KINDS and restart not in (None, "Never", "OnFailure"):
+            raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Never or OnFailure")
+        if self.kind not in BATCH_KINDS and restart not in (None, "Always"):
+            raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Always (or unset)")
+        if self.kind not in BATCH_KINDS and self.completions is not None:
+            raise ValueError(f"completions applies to Job and JobSet, not {self.kind}: leave it unset")
+        if self.completions is not None and self.completions < self.parallelism:
+            raise ValueError(f"completions ({self.completions}) must be >= parallelism ({self.parallelism})")
+        if self.gpu_resource and self.parallelism * self.gpus_per_pod > GPUS_PER_CLIQUE:
+            raise ValueError(
+                f"parallelism x gpus_per_pod = {self.parallelism * self.gpus_per_pod} GPUs, more than one NVL72 "
+                f"clique has ({GPUS_PER_CLIQUE}); a ComputeDomain lives in one clique: use fewer pods or GPUs per pod")
+        return self
+
+
+def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str) -> dict[str, Any]:
+    """The user's pod template with the domain's claim and the GPUs added (pure)."""
+    tpl = copy.deepcopy(args.pod_template)
+    meta = tpl.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
+    spec = tpl["spec"]
+    spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")
+    spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),
+                              {"name": CLAIM_REF, "resourceClaimName": claim_name}]
+    gates = spec.get("schedulingGates") or []
+    if args.reservation_gate and not any(g.get("name") == RESERVATION_GATE for g in gates):
+        spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]
+    for c in spec["containers"]:
+        res = c.setdefault("resources", {})
+        claims = res.setdefault("claims", [])
+        if not any(cl.get("name") == CLAIM_REF for cl in claims):
+            claims.append({"name": CLAIM_REF})
+        if args.gpu_resource and args.gpus_per_pod:
+            res.setdefault("limits", {})[args.gpu_resource] = str(args.gpus_per_pod)
+    return tpl
+
+
+def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
+    return {"parallelism": args.parallelism, "completions": args.completions or args.parallelism,
+            "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
+
+
+def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str) -> list[dict[str, Any]]:
+    """The objects of the workload (dicts in the API's shape), the workload itself last (pure)."""
+    tpl = bound_pod_template(args, claim_name=claim_name, domain=domain)
+    labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
+    # Deleting waits (foreground) until the workload's pods are gone, so the ComputeDomain, deleted
+    # after its workloads, finds its channel no longer in use.
+    annotations = {"pulumi.com/deletionPropagationPolicy": "foreground"}
+    meta = {"name": args.name, "namespace": namespace, "annotations": annotations, "labels": labels}
+    n = args.parallelism
+    if args.kind == "Job":
+        tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = args.name
+        # Not waiting is a `waitFor` the created Job already meets (`skipAwait` would skip the
+        # delete await too); waiting is pulumi-kubernetes' own Job await: until it completes.
+        if not args.wait:
+            annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
+        return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": _job_spec(args, tpl)}]
+    if args.kind == "StatefulSet":
+        selector = {COMPUTE_DOMAIN_LABEL: domain, "nvlfabric.io/workload": args.name}
+        tpl["metadata"]["labels"].update(selector)
+        if not args.wait:  # waiting is pulumi-kubernetes' StatefulSet await: every replica ready
+            annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
+        service = {"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": args.name, "namespace": namespace, "labels": labels},
+                   "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True}}
+        return [service, {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": {
+            "replicas": n, "serviceName": args.name, "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector}, "template": tpl}}]
+    if args.kind == "JobSet":
+        annotations["pulumi.com/waitFor"] = \
+            "jsonpath={.status.replicatedJobsStatus[0].ready}=1" if args.wait else "jsonpath={.metadata.uid}"
+        return [{"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": {
+            "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": _job_spec(args, tpl)}}]}}]
+    annotations["pulumi.com/waitFor"] = "condition=Available" if args.wait else "jsonpath={.metadata.uid}"
+    return [{"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta, "spec": {
+        "replicas": 1, "startupPolicy": "LeaderCreated",
+        "leaderWorkerTemplate": {"size": n, "workerTemplate": tpl}}}]
+
+
+def job_manifest(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str) -> dict[str, Any]:
+    """The workload object itself (for `kind: Job`, the Job)."""
+    return workload_manifests(args, namespace=namespace, claim_name=claim_name, domain=domain)[-1]
+
+
+class BoundJob(pulumi.ComponentResource):
+    """A workload (a Job by default; see `kind`) whose pods all use `compute_domain`'s IMEX channel."""
+
+    job_name: pulumi.Output[str]
+    kind: pulumi.Output[str]
+    namespace: pulumi.Output[str]
+    pods: pulumi.Output[int]
+    claim_name: pulumi.Output[str]
+
+    def __init__(self, resource_name: str, *, compute_domain: ComputeDomain, pod_template: dict[str, Any],
+                 name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
+                 completions: int | None = None,
+                 gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
+                 wait: bool = False, labels: dict[str, str] | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
+            "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
+            "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
+            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}})
+        if not isinstance(compute_domain, ComputeDomain):
+            raise ComponentArgsError(
+                f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
+                f"components.ComputeDomain (got {type(compute_domain).__name__})")
+        compute_domain.bind(self.args.name, self.args.parallelism)
+        super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
+        objs = workload_manifests(self.args, namespace=compute_domain.namespace,
+                                  claim_name=compute_domain.claim, domain=compute_domain.name)
+        # The workload waits for its domain, and for what the component was told to wait for (a
+        # JobSet's CRD, say): a component's own depends_on does not hold back its children.
+        extra: Any = opts.depends_on if opts is not None else None
+        waits: list[Any] = [compute_domain, *([extra] if isinstance(extra, pulumi.Resource) else (extra or []))]
+        child = pulumi.ResourceOptions(parent=self, depends_on=waits)
+        for m in objs[:-1]:  # the StatefulSet's headless Service
+            k8s.core.v1.Service(f"{resource_name}-svc", metadata=m["metadata"], spec=m["spec"], opts=child)
+        m = objs[-1]
+        self.job: pulumi.CustomResource
+        if m["kind"] == "Job":
+            self.job = k8s.batch.v1.Job(resource_name, metadata=m["metadata"], spec=m["spec"], opts=child)
+        elif m["kind"] == "StatefulSet":
+            self.job = k8s.apps.v1.StatefulSet(resource_name, metadata=m["metadata"], spec=m["spec"], opts=child)
+        else:
+            self.job = k8s.apiextensions.CustomResource(resource_name, api_version=m["apiVersion"], kind=m["kind"],
+                                                        metadata=m["metadata"], spec=m["spec"], opts=child)
+        given = self.args.name
+        self.job_name = self.job.id.apply(lambda _: given)  # known once the workload exists
+        self.kind = pulumi.Output.from_input(self.args.kind)
+        self.namespace = pulumi.Output.from_input(compute_domain.namespace)
+        self.pods = pulumi.Output.from_input(self.args.parallelism)
+        self.claim_name = compute_domain.claim_name
+        self.register_outputs({"job_name": self.job_name, "kind": self.kind, "namespace": self.namespace,
+                               "pods": self.pods,
+                               "claim_name": self.claim_name})

@@ -1,0 +1,6 @@
+"""The cluster controller (`python -m nvlfabric controller`, one replica per cluster).
+
+Publishes each clique's channel pool (`pools`), derives each ComputeDomain's summary status and
+IMEX port slot (`reconcile`), and reserves shared channel claims for their pending pods
+(`reservations`). It shares only `nvlfabric.api` with the node agent.
+"""

@@ -1,0 +1,257 @@
+"""The nvlfabric controller: clique channel pools and each ComputeDomain's summary status.
+
+One replica per cluster (same image as the node agent). Each pass it
+- publishes one channel pool per clique that has Nodes labelled `nvlfabric.io/clique`, and
+  withdraws pools of cliques that no longer have any (nvlfabric/controller/pools.py);
+- for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
+  the `Ready` condition and `observedGeneration` from the node agents' entries and the channel
+  claim's allocation, and writes only those fields with server-side apply under its own field
+  manager: the agents' `status.nodes` entries stay theirs;
+- gives each `imexMode: Dedicated` domain an IMEX port slot (`status.imexPortSlot`) once its
+  clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
+  every member starts its daemon on the same ports without talking to the others.
+
+Beside the passes, a `reservations.Reserver` watches unbound pods and channel claims and
+reserves each allocated channel claim for its pending pods in one write, so the scheduler does
+not race itself on the shared claim (nvlfabric/controller/reservations.py).
+
+Reconciliation is level-based (a full pass every few seconds), so a missed event never leaves a
+domain stale; a watch on ComputeDomains also starts a domain pass soon after any change, so a
+summary follows its members without waiting out the interval. `summarize` is pure and
+table-tested.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import Client
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from nvlfabric.api import computedomain as api
+from nvlfabric.api import errors, names
+from nvlfabric.controller import pools
+from nvlfabric.controller.reservations import Reserver
+from nvlfabric.kube.errors import api_call
+
+log = logging.getLogger("nvlfabric.controller")
+ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
+
+
+def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
+    """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
+    if claim is None or claim.status is None or claim.status.allocation is None:
+        return None
+    devices = claim.status.allocation.devices
+    for r in (devices.results or []) if devices else []:
+        clique, channel = names.clique_of_pool(r.pool), names.channel_of_device(r.device)
+        if r.driver == names.DRIVER and clique is not None and channel is not None:
+            return clique, channel
+    return None
+
+
+@dataclass(frozen=True)
+class SlotRequest:
+    """A dedicated ComputeDomain as slot assignment sees it."""
+
+    key: str  # namespace/name
+    clique: str | None  # None until its claim is allocated
+    slot: int | None  # what its status says now
+    created: str = ""  # creationTimestamp: the older domain keeps a contested slot
+
+
+def assign_port_slots(domains: Sequence[SlotRequest]) -> dict[str, int | None]:
+    """IMEX port slots for dedicated domains (pure): per clique, a slot already held stays (the
+    members' daemons run on it); a domain without one gets the lowest free slot 1..99; None when
+    its clique is unknown or every slot is taken. Two holders of one slot (two controllers raced)
+    are settled for the older domain."""
+    out: dict[str, int | None] = {}
+    by_clique: dict[str, list[SlotRequest]] = {}
+    for d in domains:
+        if d.clique is None:
+            out[d.key] = None
+        else:
+            by_clique.setdefault(d.clique, []).append(d)
+    for group in by_clique.values():
+        group.sort(key=lambda d: (d.created, d.key))
+        taken: set[int] = set()
+        waiting: list[SlotRequest] = []
+        for d in group:
+            if d.slot is not None and 1 <= d.slot <= names.MAX_IMEX_PORT_SLOT and d.slot not in taken:
+                taken.add(d.slot)
+                out[d.key] = d.slot
+            else:
+                waiting.append(d)
+        free = (n for n in range(1, names.MAX_IMEX_PORT_SLOT + 1) if n not in taken)
+        for d in waiting:
+            out[d.key] = next(free, None)
+    return out
+
+
+def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
+              allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None) -> dict[str, Any]:
+    """The controller-owned status fields for one domain (pure)."""
+    nodes = status.nodes
+    ready = [n for n in nodes if n.ready]
+    previous = status.phase
+    dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
+    if allocation is None:
+        phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
+    elif dedicated and port_slot is None:
+        phase, reason = api.Phase.FAILED, "NoIMEXPortSlot"
+        message = (f"every IMEX port slot (1-{names.MAX_IMEX_PORT_SLOT}) of clique {allocation[0]} is held by another "
+                   "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
+    elif nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
+        phase, reason, message = api.Phase.READY, "AllMembersReady", f"{len(ready)} of {len(nodes)} nodes ready"
+    else:
+        want = f" (numNodes {spec.num_nodes})" if spec.num_nodes else ""
+        first = next((n for n in nodes if not n.ready), None)
+        detail = f"; node {first.name}: {first.message or 'not ready'}" if first else ""
+        message = f"{len(ready)} of {len(nodes)} nodes ready{want}{detail}"
+        was_ready = previous in (api.Phase.READY, api.Phase.DEGRADED)
+        phase = api.Phase.DEGRADED if was_ready else api.Phase.ALLOCATING
+        reason = "MemberNotReady" if was_ready else "MembersJoining"
+    cond = api.condition("Ready", api.ConditionStatus.TRUE if phase == api.Phase.READY else api.ConditionStatus.FALSE,
+                         reason, message, generation=generation, now=now)
+    old = next((c for c in status.conditions if c.type == "Ready"), None)
+    if old is not None and old.status == cond.status and old.reason == reason:
+        cond = cond.model_copy(update={"last_transition_time": old.last_transition_time})
+    out: dict[str, Any] = {
+        "phase": phase.value, "readyNodes": len(ready), "totalNodes": len(nodes), "observedGeneration": generation,
+        "conditions": [cond.model_dump(mode="json", by_alias=True, exclude_none=True)],
+    }
+    if allocation is not None:
+        out["clique"], out["channel"] = allocation
+    if dedicated and port_slot is not None:
+        out["imexPortSlot"] = port_slot
+    return out
+
+
+def _key(cd: api.ComputeDomain) -> str:
+    return f"{cd.metadata.namespace or 'default'}/{cd.metadata.name}"
+
+
+class Controller:
+    def __init__(self, client: Client, *, channels_per_clique: int = 128) -> None:
+        self.client = client
+        self.channels = channels_per_clique
+
+    def _owner(self) -> pools.Owner | None:
+        try:
+            with api_call(f"read DeviceClass {names.DEVICE_CLASS}"):
+                dc = self.client.get(DeviceClass, names.DEVICE_CLASS)
+        except errors.NotFound:
+            return None
+        assert dc.metadata is not None
+        return pools.Owner("resource.k8s.io/v1", "DeviceClass", names.DEVICE_CLASS, dc.metadata.uid or "")
+
+    def reconcile_pools(self) -> set[str]:
+        owner = self._owner()
+        if owner is None:
+            # Without the DeviceClass nobody can claim channels, and pools published now would
+            # outlive an uninstall; publish once the driver install has created it.
+            log.warning("DeviceClass %s does not exist; not publishing channel pools", names.DEVICE_CLASS)
+        labelled = self.client.list(Node, labels={names.CLIQUE_LABEL: None})
+        cliques = {n.metadata.labels[names.CLIQUE_LABEL] for n in labelled if n.metadata and n.metadata.labels}
+        for clique in sorted(cliques) if owner is not None else []:
+            done = pools.apply(self.client, clique, self.channels, owner)
+            if not done.empty():
+                log.info("clique %s: pool updated (%d created, %d updated, %d deleted)", clique, len(done.create),
+                         len(done.update), len(done.delete))
+        published = {names.clique_of_pool((s.metadata.labels or {}).get(names.POOL_LABEL, ""))
+                     for s in self.client.list(ResourceSlice, labels={names.POOL_LABEL: None}) if s.metadata}
+        for gone in sorted(c for c in published - cliques if c is not None):
+            log.info("clique %s has no nodes any more: withdrawing its pool", gone)
+            pools.withdraw(self.client, gone)
+        return cliques
+
+    def reconcile_domains(self) -> None:
+        seen: list[tuple[Any, api.ComputeDomain, tuple[str, int] | None]] = []
+        obj: Any
+        for obj in self.client.list(ComputeDomainResource, namespace="*"):
+            meta = obj.metadata
+            try:
+                cd = api.ComputeDomain.model_validate(obj.to_dict())
+                seen.append((obj, cd, allocation_of(self._claim(cd))))
+            except (errors.NvlfabricError, ValueError) as exc:
+                log.warning("ComputeDomain %s/%s: %s", meta.namespace if meta else "?", meta.name if meta else "?", exc)
+        slots = assign_port_slots([
+            SlotRequest(_key(cd), alloc[0] if alloc else None, cd.status.imex_port_slot if cd.status else None,
+                        str(obj.metadata.creationTimestamp or "") if obj.metadata else "")
+            for obj, cd, alloc in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
+        for obj, cd, alloc in seen:
+            try:
+                with api_call(f"update the status of ComputeDomain {_key(cd)}"):
+                    self._reconcile_domain(obj, cd, alloc, slots.get(_key(cd)))
+            except (errors.NvlfabricError, ValueError) as exc:
+                log.warning("ComputeDomain %s: %s", _key(cd), exc)
+
+    def _claim(self, cd: api.ComputeDomain) -> ResourceClaim | None:
+        namespace, name = cd.metadata.namespace or "default", api.channel_claim_name(cd.metadata.name, cd.spec)
+        try:
+            with api_call(f"read claim {namespace}/{name}"):
+                return self.client.get(ResourceClaim, name, namespace=namespace)
+        except errors.NotFound:
+            return None
+
+    def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocation: tuple[str, int] | None,
+                          port_slot: int | None) -> None:
+        name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
+        status = cd.status or api.ComputeDomainStatus()
+        generation = int((obj.metadata.generation if obj.metadata else None) or 0)
+        summary = summarize(cd.spec, status, generation, allocation, port_slot=port_slot)
+        current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \
+                [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
+                [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
+            return
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": namespace},
+                "status": summary}
+        self.client.patch(ComputeDomainResource.Status, name, body, namespace=namespace,
+                          patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER, force=True)
+        log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
+
+    def _watch_domains(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
+        """Poke the loop on every ComputeDomain change (an agent's node entry, a new domain), so a
+        domain's summary follows its members within a debounce, not a full interval."""
+        while not stop():
+            try:
+                for _ in self.client.watch(ComputeDomainResource, namespace="*", server_timeout=60):
+                    poke.set()
+                    if stop():
+                        return
+            except Exception as exc:  # a failed watch only slows summaries to the interval
+                log.debug("ComputeDomain watch ended: %s", exc)
+                time.sleep(1.0)
+
+    def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
+            reserve_ahead: bool = True, debounce_s: float = 0.1) -> None:
+        """Pools every interval; domains every interval and, between, soon after any domain
+        changed (the summary pass is cheap; our own status write pokes once more, finds nothing
+        to change and writes nothing)."""
+        if reserve_ahead:
+            threading.Thread(target=Reserver(self.client, names.DRIVER).run, args=(stop,), name="reserver",
+                             daemon=True).start()
+        poke = threading.Event()
+        threading.Thread(target=self._watch_domains, args=(poke, stop), name="watch-domains", daemon=True).start()
+        next_pools = 0.0
+        while not stop():
+            try:
+                with api_call("controller pass"):
+                    if time.monotonic() >= next_pools:
+                        next_pools = time.monotonic() + interval_s
+                        self.reconcile_pools()
+                    self.reconcile_domains()
+            except errors.NvlfabricError as exc:
+                log.warning("reconcile pass failed, retrying at the next: %s", exc)
+            if poke.wait(max(0.0, min(interval_s, next_pools - time.monotonic()))):
+                time.sleep(debounce_s)  # the members of one domain report together
+            poke.clear()

@@ -1,0 +1,375 @@
+"""Reserve a domain's shared channel claim for its pending pods, many in one write.
+
+Why: kube-scheduler adds each pod to a claim's `status.reservedFor` in PreBind, one GET + PUT per
+pod from the pod's own binding goroutine. The pods of one Job bind together, race on the one
+shared channel claim, lose with 409 Conflict five times in a row and wait out the pod back-off
+(docs/architecture.md, "Many pods on one claim start slowly"). A pod that is already in
+`reservedFor` skips that write. So once a channel claim is allocated (its first pod scheduled),
+this adds every pending pod that uses the claim to `reservedFor` in one JSON patch of the claim's
+status: a `test` of `metadata.uid` (only the claim we looked at) and one `add` at the end of the
+list per pod. Appending needs no resourceVersion, so the scheduler's own writes do not make it
+conflict; when the scheduler reserved one of the pods meanwhile the API server refuses the
+duplicate, and the pass reads the claim again and retries. Not a strategic-merge patch, though
+`reservedFor` merges by UID: the API server turns the claim into a map and back for one, which
+re-orders the keys of the opaque channel config in `status.allocation`, and the unchanged
+allocation then fails validation as "field cannot be modified once set" (1.37).
+
+Reserving after the fact still leaves a race: a pod whose scheduling cycle began before the
+patch landed carries a copy of the claim without itself, and its PreBind appends a duplicate,
+which the API server refuses; the pod fails once and waits out a back-off. Pods that carry the
+scheduling gate `nvlfabric.io/channel-reservation` (BoundJob adds it) avoid even that: the
+scheduler leaves them alone until this lifts the gate, which it does
+- for one pod (the oldest) of a claim that is not allocated yet and has no ungated pending user:
+  the pioneer, whose scheduling allocates the claim;
+- for every other pod once it is in the reservedFor of each allocated channel claim it names.
+
+What is safe to reserve: a pod in the claim's namespace that names the claim in
+`spec.resourceClaims[].resourceClaimName`, is not yet bound to a node, is not being deleted and
+has not finished. kube-controller-manager's resourceclaim controller keeps the entry of a pod
+that exists and removes it when the pod is deleted or done, as it does for the scheduler's own.
+At most 256 entries (the API's `ResourceClaimReservedForMaxSize`); further pods wait (gated ones
+stay gated) until a reservation frees. A claim whose `reservedFor` is empty is left alone: it is
+about to be deallocated.
+
+Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
+
+The watches: unbound pods (field selector `spec.nodeName=`, so a busy cluster's running pods
+cost nothing) and resource claims; every change marks its claim for a pass, a short pause before
+each pass lets a Job controller's burst of pod creations go out as one patch, and claims with
+gated users are looked at again every few seconds (level-based, so a lost event only delays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import Client
+from lightkube.models import resource_v1 as models
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
+
+from nvlfabric.api import errors
+from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.kube.errors import api_call
+
+log = logging.getLogger("nvlfabric.reservations")
+
+MAX_RESERVED = 256
+"""resource.k8s.io: a claim's `status.reservedFor` holds at most this many consumers."""
+COALESCE_S = 0.05
+"""Pause before a pass, so pod creations arriving together become one patch."""
+PIONEER_GRACE_S = 5.0
+"""After lifting a pioneer's gate, how long to wait for its claim's allocation before trusting
+that the pioneer is gone (the pod and claim watches are two streams: a bound pioneer can leave
+the pod cache before its allocation reaches the claim cache)."""
+RESYNC_S = 2.0
+UNGATE_WORKERS = 4
+
+Key = tuple[str, str]  # (namespace, claim name)
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """An unbound pod, as reservation needs it."""
+
+    namespace: str
+    name: str
+    uid: str
+    claims: frozenset[str]  # the resourceClaimName values of spec.resourceClaims
+    gated: bool = False  # carries RESERVATION_GATE
+    created: str = ""  # creationTimestamp: the oldest gated pod is a claim's pioneer
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    """A ResourceClaim, as reservation needs it."""
+
+    uid: str
+    reserved: tuple[str, ...] = ()  # consumer UIDs
+    allocated: bool = False
+    ours: bool = False  # allocated from nvlfabric's pools: a channel claim
+
+
+def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
+    """The pod as a reservation candidate, or None when it must not be reserved ahead: bound to a
+    node already (the scheduler has done its part), being deleted, finished, or naming no claim."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName") or meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    claims = frozenset(c["resourceClaimName"] for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName"))
+    if not claims or not meta.get("uid"):
+        return None
+    gated = any(g.get("name") == RESERVATION_GATE for g in spec.get("schedulingGates") or [])
+    return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims, gated,
+                      str(meta.get("creationTimestamp") or ""))
+
+
+def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    results = ((allocation or {}).get("devices") or {}).get("results") or []
+    return ClaimState(uid=(claim.get("metadata") or {}).get("uid", ""),
+                      reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
+                      allocated=allocation is not None, ours=any(r.get("driver") == driver for r in results))
+
+
+def to_reserve(namespace: str, claim: str, reserved: Sequence[str], pods: Iterable[PendingPod],
+               limit: int = MAX_RESERVED) -> list[PendingPod]:
+    """The pods to add to claim `namespace/claim`'s reservedFor (pure): those using the claim and
+    not reserved yet, oldest name first, no more than the room left under `limit`."""
+    have = set(reserved)
+    room = max(0, limit - len(have))
+    out = sorted((p for p in pods if p.namespace == namespace and claim in p.claims and p.uid not in have),
+                 key=lambda p: (p.name, p.uid))
+    unique = list({p.uid: p for p in out}.values())
+    return unique[:room]
+
+
+def pioneer(users: Iterable[PendingPod]) -> PendingPod | None:
+    """The pod whose gate lifts first on a claim not allocated yet (pure): the oldest gated user,
+    and only while no user is ungated (an ungated one will allocate the claim anyway)."""
+    gated = []
+    for p in users:
+        if not p.gated:
+            return None
+        gated.append(p)
+    return min(gated, key=lambda p: (p.created, p.name, p.uid), default=None)
+
+
+def releasable(pod: PendingPod, claims: Mapping[str, ClaimState], pioneer_of: frozenset[str] = frozenset()) -> bool:
+    """Whether `pod`'s gate may lift (pure): every claim it names exists, it is reserved on each
+    allocated channel claim, and it is the pioneer of each claim not allocated yet."""
+    for name in pod.claims:
+        st = claims.get(name)
+        if st is None:
+            return False
+        if st.ours and pod.uid not in st.reserved:
+            return False
+        if not st.allocated and name not in pioneer_of:
+            return False
+    return True
+
+
+def reservation_patch(claim_uid: str, pods: Sequence[PendingPod]) -> list[dict[str, Any]]:
+    """A JSON patch of the claim's status appending `pods` to a non-empty `reservedFor`, applied
+    only while the claim still has `claim_uid`."""
+    return [{"op": "test", "path": "/metadata/uid", "value": claim_uid},
+            *({"op": "add", "path": "/status/reservedFor/-",
+               "value": {"resource": "pods", "name": p.name, "uid": p.uid}} for p in pods)]
+
+
+UNGATE_PATCH: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": RESERVATION_GATE}]}}
+"""Strategic merge patch removing our gate and no other (schedulingGates merge by name)."""
+
+
+class Reserver:
+    """Watches unbound pods and claims; reserves each allocated channel claim for its pending
+    pods and lifts the reservation gate of pods that are ready to schedule."""
+
+    def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S) -> None:
+        self.client, self.driver, self.coalesce_s = client, driver, coalesce_s
+        self._lock = threading.Condition()
+        self._pods: dict[str, PendingPod] = {}  # by uid
+        self._claims: dict[Key, ClaimState] = {}
+        self._dirty: set[Key] = set()
+        self._pioneered: dict[Key, float] = {}  # claim → when its pioneer's gate was lifted
+        self._pool = ThreadPoolExecutor(UNGATE_WORKERS, thread_name_prefix="ungate")
+        self.patches = 0  # claim status patches written (tests and logs)
+        self.reserved = 0  # pods reserved ahead
+        self.ungated = 0  # gates lifted
+
+    # -- watches -------------------------------------------------------------------------------
+
+    def _pod_event(self, kind: str, obj: Pod) -> None:
+        raw = obj.to_dict()
+        uid = (raw.get("metadata") or {}).get("uid", "")
+        pod = None if kind == "DELETED" else pending_pod(raw)
+        with self._lock:
+            if pod is None:
+                self._pods.pop(uid, None)
+                return
+            self._pods[uid] = pod
+            self._dirty.update((pod.namespace, c) for c in pod.claims)
+            self._lock.notify()
+
+    def _claim_event(self, kind: str, obj: ResourceClaim) -> None:
+        if obj.metadata is None:
+            return
+        key = (obj.metadata.namespace or "default", obj.metadata.name or "")
+        with self._lock:
+            if kind == "DELETED":
+                self._claims.pop(key, None)
+                return
+            self._claims[key] = claim_state(obj.to_dict(), self.driver)
+            self._dirty.add(key)
+            self._lock.notify()
+
+    def _follow(self, res: Any, on_event: Callable[[str, Any], None], reset: Callable[[], None],
+                stop: Callable[[], bool], **selector: Any) -> None:
+        """List, then watch from the list's resourceVersion; after any error, list again."""
+        while not stop():
+            try:
+                listing = self.client.list(res, namespace="*", **selector)
+                items = list(listing)
+                reset()
+                for obj in items:
+                    on_event("ADDED", obj)
+                for kind, obj in self.client.watch(res, namespace="*", resource_version=listing.resourceVersion,
+                                                   server_timeout=60, **selector):
+                    if stop():
+                        return
+                    on_event(kind, obj)
+            except Exception as exc:  # a watch that fails is re-listed, never fatal
+                log.debug("watch of %s ended: %s; listing again", res.__name__, exc)
+                time.sleep(1.0)
+
+    def _reset_pods(self) -> None:
+        with self._lock:
+            self._pods.clear()
+
+    def _reset_claims(self) -> None:
+        with self._lock:
+            self._claims.clear()
+
+    # -- passes --------------------------------------------------------------------------------
+
+    def pass_once(self) -> None:
+        """Reserve, then release, every dirty claim (what the worker does after each pause)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        for key in sorted(dirty):
+            self._reserve(key)
+        releases: list[PendingPod] = []
+        with self._lock:
+            for key in sorted(dirty):
+                releases.extend(self._releases(key))
+        self._ungate(list({p.uid: p for p in releases}.values()))
+
+    def _users(self, key: Key) -> list[PendingPod]:
+        return [p for p in self._pods.values() if p.namespace == key[0] and key[1] in p.claims]
+
+    def _reserve(self, key: Key, attempts: int = 3) -> None:
+        namespace, name = key
+        for attempt in range(attempts):
+            with self._lock:
+                claim = self._claims.get(key)
+                if claim is None or not claim.ours or not claim.reserved:
+                    return
+                pods = to_reserve(namespace, name, claim.reserved, self._users(key))
+            if not pods:
+                return
+            try:
+                with api_call(f"reserve claim {namespace}/{name} for {len(pods)} pods"):
+                    out = self.client.patch(ResourceClaim.Status, name, reservation_patch(claim.uid, pods),
+                                            namespace=namespace, patch_type=PatchType.JSON)
+            except errors.ApiStatusError as exc:
+                # 422: the scheduler reserved one of the pods meanwhile, the list is full, or the
+                # claim was replaced; 404: it is gone. Read it again and retry with the truth.
+                log.info("claim %s/%s: reserving %d pods ahead failed (attempt %d): %s", namespace, name, len(pods),
+                         attempt + 1, exc.message)
+                self._refresh(key)
+                continue
+            self._store(key, out)
+            self.patches += 1
+            self.reserved += len(pods)
+            log.info("claim %s/%s: reserved for %d pending pods ahead of the scheduler", namespace, name, len(pods))
+            return
+
+    def _releases(self, key: Key) -> list[PendingPod]:
+        """The gated users of `key` whose gate may lift now (call with the lock held)."""
+        users = self._users(key)
+        claim = self._claims.get(key)
+        if claim is None or not any(p.gated for p in users):
+            return []
+        first: PendingPod | None = None
+        if not claim.allocated:
+            since = self._pioneered.get(key)
+            if since is None or time.monotonic() - since > PIONEER_GRACE_S:
+                first = pioneer(users)
+        else:
+            self._pioneered.pop(key, None)
+        out = []
+        for p in users:
+            if not p.gated:
+                continue
+            claims = {c: st for c in p.claims if (st := self._claims.get((p.namespace, c))) is not None}
+            if releasable(p, claims, frozenset({key[1]}) if p is first else frozenset()):
+                out.append(p)
+                if p is first:
+                    self._pioneered[key] = time.monotonic()
+        return out
+
+    def _ungate(self, pods: list[PendingPod]) -> None:
+        if not pods:
+            return
+        done = [p for p, ok in zip(pods, self._pool.map(self._ungate_one, pods), strict=True) if ok]
+        with self._lock:
+            for p in done:
+                if p.uid in self._pods:
+                    self._pods[p.uid] = dataclasses.replace(p, gated=False)
+        self.ungated += len(done)
+        if done:
+            log.info("lifted the channel-reservation gate of %d pods (%s/%s ...)", len(done), done[0].namespace,
+                     done[0].name)
+
+    def _ungate_one(self, pod: PendingPod) -> bool:
+        try:
+            with api_call(f"lift the reservation gate of pod {pod.namespace}/{pod.name}"):
+                self.client.patch(Pod, pod.name, UNGATE_PATCH, namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+            return True
+        except errors.NotFound:
+            return False  # the pod is gone
+        except errors.ApiStatusError as exc:
+            log.warning("%s", exc)
+            return False
+
+    def _refresh(self, key: Key) -> None:
+        try:
+            with api_call(f"read claim {key[0]}/{key[1]}"):
+                claim = self.client.get(ResourceClaim, key[1], namespace=key[0])
+            self._store(key, claim)
+        except errors.NotFound:
+            with self._lock:
+                self._claims.pop(key, None)
+
+    def _store(self, key: Key, claim: models.ResourceClaim) -> None:
+        with self._lock:
+            self._claims[key] = claim_state(claim.to_dict(), self.driver)
+
+    def _resync(self) -> None:
+        """Mark every claim with a gated user dirty (level-based: a lost event only delays)."""
+        with self._lock:
+            self._dirty.update((p.namespace, c) for p in self._pods.values() if p.gated for c in p.claims)
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        """Both watches in threads of their own; passes here until `stop()`."""
+        for res, handler, reset, selector in (
+                (Pod, self._pod_event, self._reset_pods, {"fields": {"spec.nodeName": ""}}),
+                (ResourceClaim, self._claim_event, self._reset_claims, {})):
+            threading.Thread(target=self._follow, args=(res, handler, reset, stop), kwargs=selector,
+                             name=f"watch-{res.__name__}", daemon=True).start()
+        last_resync = time.monotonic()
+        try:
+            while not stop():
+                if time.monotonic() - last_resync > RESYNC_S:
+                    self._resync()
+                    last_resync = time.monotonic()
+                with self._lock:
+                    if not self._dirty:
+                        self._lock.wait(timeout=1.0)
+                        continue
+                time.sleep(self.coalesce_s)
+                try:
+                    self.pass_once()
+                except Exception:  # one failed pass must not end reservation
+                    log.exception("reservation pass failed")
+        finally:
+            self._pool.shutdown(wait=False)

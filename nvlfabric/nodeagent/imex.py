@@ -1,0 +1,512 @@
+"""Supervision of this node's IMEX daemon for one IMEX domain.
+
+The agent runs `nvidia-imex -c <config>` as a foreground child (`DAEMONIZE=0`, as NVIDIA's DRA driver
+does), one per IMEX domain this node is a member of: in clique-scoped mode (the default) one domain
+per NVLink clique, so normally one per node; in dedicated mode one per ComputeDomain placed here.
+
+Files, per domain, under `<workdir>/<domain_id>/`: `config.cfg` (the real IMEX config keys),
+`nodes.cfg` (one member address per line), `imex.log` (the daemon's stdout/stderr; the previous run's
+is kept as `imex.log.1`) and `imex.pid`.
+
+Membership: every member must write the byte-identical nodes file (IMEX compares a hash of the map
+and refuses peers whose map differs), so members are written in one canonical order whatever order
+the caller learned them in: IPv4 addresses numerically, then IPv6, then host names. On a change the
+file is rewritten atomically and the daemon gets SIGUSR1 (re-read the peer mapping and reconnect,
+no restart). Caveat: the real daemon reportedly re-reads only the name->address mapping on SIGUSR1
+and the nodes file only at start (dra-driver #1245); a caller facing such a daemon uses DNS-name
+entries that stay fixed, or `restart()`. The config is read only at start, so a changed config
+restarts the daemon.
+
+Ports: every member of a domain uses the same peer port (`SERVER_PORT`) and command port
+(`IMEX_CMD_PORT`), and two domains on one node must not share them. `ports_for_slot(slot)` gives
+slot 0 the IMEX defaults (50000/50005) and slot k the pair shifted by 10*k (k < 100). The clique-scoped
+domain uses slot 0; a dedicated domain gets a slot allocated by the controller, unique among the live
+dedicated domains of its clique and recorded on the ComputeDomain, so all members agree without
+talking to each other and no node (a node is in exactly one clique) sees two domains on one slot.
+Before starting, the agent checks the ports are free on its address and says which one is taken.
+
+Not thread-safe: the caller serialises calls per domain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import ipaddress
+import itertools
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nvlfabric.nodeagent import files
+
+__all__ = [
+    "DEFAULT_CMD_PORT",
+    "DEFAULT_SERVER_PORT",
+    "MAX_DOMAIN_SLOTS",
+    "PORT_STRIDE",
+    "DomainPorts",
+    "ImexConfig",
+    "ImexDaemonExited",
+    "ImexDomain",
+    "ImexError",
+    "ImexNotReady",
+    "PortInUse",
+    "QueryResult",
+    "WaitForQuorum",
+    "canonical_members",
+    "clean_workdir",
+    "daemons_using",
+    "ports_for_slot",
+    "render_nodes",
+]
+
+DEFAULT_SERVER_PORT = 50000
+DEFAULT_CMD_PORT = 50005
+PORT_STRIDE = 10
+"""Slots are 10 ports apart: room for both ports of a slot (0 and +5) and none shared with a neighbour."""
+MAX_DOMAIN_SLOTS = 100
+"""Slots 0..99 keep every port below 51000."""
+
+_DOMAIN_ID = re.compile(r"^[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,252})$")
+
+
+@dataclass(frozen=True)
+class DomainPorts:
+    server: int
+    cmd: int
+
+
+def ports_for_slot(slot: int, *, base_server: int = DEFAULT_SERVER_PORT,
+                   base_cmd: int = DEFAULT_CMD_PORT) -> DomainPorts:
+    """The peer and command ports of port slot `slot` (0 = the IMEX defaults)."""
+    if not 0 <= slot < MAX_DOMAIN_SLOTS:
+        raise ValueError(f"IMEX port slot must be in 0..{MAX_DOMAIN_SLOTS - 1}, got {slot}")
+    return DomainPorts(server=base_server + PORT_STRIDE * slot, cmd=base_cmd + PORT_STRIDE * slot)
+
+
+class WaitForQuorum(enum.StrEnum):
+    NONE = "NONE"
+    RECOVERY = "RECOVERY"
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ImexConfig(BaseModel):
+    """The IMEX config keys this agent sets (names as the daemon reads them; NVIDIA's IMEX guide).
+
+    Keys not listed keep the daemon's defaults. Defaults here are the child-process settings NVIDIA's
+    DRA driver uses: foreground, log to stderr (captured into imex.log), command service enabled.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    LOG_LEVEL: Annotated[int, Field(ge=0, le=5)] = 4
+    LOG_FILE_NAME: str = ""
+    LOG_APPEND_TO_LOG: Literal[0, 1] = 0
+    DAEMONIZE: Literal[0, 1] = 0
+    BIND_INTERFACE_IP: str
+    SERVER_PORT: Port = DEFAULT_SERVER_PORT
+    IMEX_NODE_CONFIG_FILE: Annotated[str, Field(min_length=1)]
+    IMEX_WAIT_FOR_QUORUM: WaitForQuorum = WaitForQuorum.RECOVERY
+    IMEX_ENABLE_AUTH_ENCRYPTION: Literal[0, 1] = 0
+    IMEX_CMD_ENABLED: Literal[0, 1] = 1
+    IMEX_CMD_BIND_INTERFACE_IP: str
+    IMEX_CMD_PORT: Port = DEFAULT_CMD_PORT
+    IMEX_NODE_DISCONNECTED_GRACE_TIME: Annotated[int, Field(ge=-1)] = -1
+    """Seconds a lost peer stays RECOVERING before its imports are cleaned up; -1 = wait forever."""
+
+    def render(self, *, header: str = "") -> str:
+        lines = [f"# {line}".rstrip() for line in header.splitlines()]
+        for key in type(self).model_fields:
+            value = getattr(self, key)
+            if "\n" in str(value) or "\r" in str(value):
+                raise ValueError(f"{key}: value must be a single line")
+            lines.append(f"{key}={value.value if isinstance(value, enum.Enum) else value}")
+        return "\n".join(lines) + "\n"
+
+
+def _member_key(entry: str) -> tuple[int, int, str]:
+    try:
+        addr = ipaddress.ip_address(entry)
+    except ValueError:
+        return (2, 0, entry)
+    return (0 if addr.version == 4 else 1, int(addr), entry)
+
+
+def canonical_members(members: Iterable[str]) -> list[str]:
+    """Members in the order every node writes them; rejects duplicates and malformed entries."""
+    seen: set[str] = set()
+    for entry in members:
+        try:
+            ipaddress.ip_address(entry)
+        except ValueError:
+            if not _HOSTNAME.match(entry):
+                raise ValueError(f"IMEX member {entry!r} is neither an IP address nor a host name") from None
+        if entry in seen:
+            raise ValueError(f"IMEX member {entry!r} is listed twice")
+        seen.add(entry)
+    return sorted(seen, key=_member_key)
+
+
+def render_nodes(members: Iterable[str]) -> str:
+    return "".join(f"{m}\n" for m in canonical_members(members))
+
+
+class ImexError(Exception):
+    """Base of this module's errors."""
+
+
+class PortInUse(ImexError):
+    pass
+
+
+class ImexDaemonExited(ImexError):
+    def __init__(self, message: str, returncode: int) -> None:
+        self.returncode = returncode
+        super().__init__(message)
+
+
+class ImexNotReady(ImexError):
+    def __init__(self, message: str, last: QueryResult | None) -> None:
+        self.last = last
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """One `nvidia-imex-ctl -q`: READY only when the output is exactly `READY\\n` and the exit is 0."""
+
+    returncode: int | None
+    """None when the ctl timed out or could not be run."""
+    stdout: str
+    stderr: str
+
+    @property
+    def ready(self) -> bool:
+        return self.returncode == 0 and self.stdout == "READY\n"
+
+    def describe(self) -> str:
+        if self.returncode is None:
+            return f"no answer ({self.stderr.strip()})"
+        text = self.stdout.strip() or "(no output)"
+        extra = f", {self.stderr.strip().splitlines()[-1]}" if self.stderr.strip() else ""
+        return f"{text} (exit {self.returncode}{extra})"
+
+
+def _atomic_write(path: Path, text: str) -> bool:
+    """Write `text` to `path` atomically unless it already holds exactly that; True if written."""
+    data = text.encode()
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_bytes() == data:
+            return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(path, data)
+    return True
+
+
+def _check_port_free(address: str, port: int, what: str) -> None:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the daemon: TIME_WAIT is no conflict
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            raise PortInUse(f"{what} {address}:{port} is not free ({exc.strerror}); another IMEX domain on this "
+                            f"node uses the same port slot, or another program holds the port") from exc
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie that init has not reaped yet is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def daemons_using(config_path: str | os.PathLike[str]) -> list[int]:
+    """Live `nvidia-imex` processes whose command line names `config_path` as their config (`-c <path>`)."""
+    wanted = str(config_path).encode()
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (os.path.basename(argv[0]) == b"nvidia-imex" and _pid_alive(int(entry.name))
+                    and any(a == b"-c" and b == wanted for a, b in itertools.pairwise(argv))):
+                found.append(int(entry.name))
+    return found
+
+
+def _terminate(pids: Iterable[int], timeout: float) -> None:
+    """SIGTERM, and SIGKILL whatever is still alive after `timeout` s."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def clean_workdir(workdir: str | os.PathLike[str], *, stop_timeout: float = 5.0) -> tuple[list[int], list[Path]]:
+    """At agent start: stop every daemon an earlier agent process of this node left running, and
+    remove temporary files of its interrupted writes. Returns (stopped pids, removed files).
+
+    In a container the daemons die with the agent; where they survive (a shared pid namespace, or
+    processes outside any container), an orphan would hold its domain's ports, so that the next
+    start fails, and nobody would stop it. The agent restarts the domains its prepared claims need.
+    """
+    root = Path(workdir)
+    stopped: list[int] = []
+    removed: list[Path] = []
+    if not root.is_dir():
+        return stopped, removed
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        pids = daemons_using(d / "config.cfg")
+        _terminate(pids, stop_timeout)
+        stopped += pids
+        (d / "imex.pid").unlink(missing_ok=True)
+        for tmp in d.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return stopped, removed
+
+
+class ImexDomain:
+    """This node's IMEX daemon for domain `domain_id`, started and stopped by the agent."""
+
+    def __init__(
+        self,
+        *,
+        domain_id: str,
+        workdir: str | os.PathLike[str],
+        driver_root: str | os.PathLike[str],
+        bind_address: str,
+        cmd_port: int = DEFAULT_CMD_PORT,
+        server_port: int = DEFAULT_SERVER_PORT,
+        imex_binary: str | os.PathLike[str] | None = None,
+        ctl_binary: str | os.PathLike[str] | None = None,
+        log_level: int = 4,
+        grace_time: int = -1,
+        wait_for_quorum: WaitForQuorum = WaitForQuorum.RECOVERY,
+        ctl_timeout: float = 5.0,
+        stop_timeout: float = 5.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not _DOMAIN_ID.match(domain_id):
+            raise ValueError(f"IMEX domain id {domain_id!r} must be a DNS label-like name (a-z, 0-9, '-', '.')")
+        ipaddress.ip_address(bind_address)  # raises ValueError for a malformed address
+        if cmd_port == server_port:
+            raise ValueError(f"IMEX command and peer ports must differ, both are {cmd_port}")
+        self.domain_id = domain_id
+        self.bind_address = bind_address
+        self.dir = Path(workdir) / domain_id
+        self.config_path = self.dir / "config.cfg"
+        self.nodes_path = self.dir / "nodes.cfg"
+        self.log_path = self.dir / "imex.log"
+        self.pid_path = self.dir / "imex.pid"
+        root = Path(driver_root)
+        self.imex_binary = Path(imex_binary) if imex_binary else root / "usr" / "bin" / "nvidia-imex"
+        self.ctl_binary = Path(ctl_binary) if ctl_binary else root / "usr" / "bin" / "nvidia-imex-ctl"
+        self.config = ImexConfig(
+            LOG_LEVEL=log_level, BIND_INTERFACE_IP=bind_address, SERVER_PORT=server_port,
+            IMEX_NODE_CONFIG_FILE=str(self.nodes_path), IMEX_WAIT_FOR_QUORUM=wait_for_quorum,
+            IMEX_CMD_BIND_INTERFACE_IP=bind_address, IMEX_CMD_PORT=cmd_port,
+            IMEX_NODE_DISCONNECTED_GRACE_TIME=grace_time,
+        )
+        self.ctl_timeout = ctl_timeout
+        self.stop_timeout = stop_timeout
+        self.env = dict(env or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._members: list[str] | None = None
+
+    def __repr__(self) -> str:
+        return f"ImexDomain({self.domain_id!r} on {self.bind_address}, pid {self.pid})"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def members(self) -> list[str]:
+        return list(self._members or [])
+
+    def _canonical(self, members: Sequence[str]) -> list[str]:
+        ordered = canonical_members(members)
+        if self.bind_address not in ordered:
+            raise ValueError(f"IMEX domain {self.domain_id}: this node's address {self.bind_address} is not among "
+                             f"the members {ordered}")
+        return ordered
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def ensure_running(self, members: Sequence[str]) -> None:
+        """Make the daemon run with these members: start it, or SIGUSR1 it / restart it on changes.
+
+        Returns once the process is spawned; `wait_ready` waits for READY. After a crash (`poll()` not
+        None) this starts a new daemon.
+        """
+        ordered = self._canonical(members)
+        config_changed = _atomic_write(self.config_path, self.config.render(
+            header=f"nvlfabric node agent: IMEX domain {self.domain_id}; written by the agent, do not edit"))
+        nodes_changed = _atomic_write(self.nodes_path, render_nodes(ordered))
+        self._members = ordered
+        if self._proc is not None and self._proc.poll() is None:
+            if config_changed:
+                self.restart()
+            elif nodes_changed:
+                self._proc.send_signal(signal.SIGUSR1)
+            return
+        self._start()
+
+    def update_members(self, members: Sequence[str]) -> bool:
+        """Rewrite the nodes file atomically and, if it changed and the daemon runs, send SIGUSR1.
+
+        Returns whether the membership changed. A stopped daemon picks the file up at its next start.
+        """
+        ordered = self._canonical(members)
+        changed = _atomic_write(self.nodes_path, render_nodes(ordered))
+        self._members = ordered
+        if changed and self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGUSR1)
+        return changed
+
+    def restart(self) -> None:
+        if self._members is None:
+            raise ImexError(f"IMEX domain {self.domain_id}: restart before ensure_running")
+        self.stop()
+        self._start()
+
+    def _start(self) -> None:
+        if not os.access(self.imex_binary, os.X_OK):
+            raise ImexError(f"IMEX domain {self.domain_id}: {self.imex_binary} is missing or not executable")
+        self._reap()
+        self._kill_stale()
+        _check_port_free(self.bind_address, self.config.SERVER_PORT, "IMEX peer port (SERVER_PORT)")
+        _check_port_free(self.bind_address, self.config.IMEX_CMD_PORT, "IMEX command port (IMEX_CMD_PORT)")
+        if self.log_path.exists():
+            os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [str(self.imex_binary), "-c", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env}, start_new_session=True, close_fds=True,
+            )
+        _atomic_write(self.pid_path, f"{self._proc.pid}\n")
+
+    def stop_leftover(self) -> None:
+        """Stop a daemon of this domain that an earlier agent process started (no handle here)."""
+        self._kill_stale()
+
+    def _kill_stale(self) -> None:
+        """A daemon of this domain left by an earlier agent process (which was killed) holds the ports.
+
+        Found by its command line (`-c <this config>`), not only through the pid file: an agent killed
+        between spawning the daemon and writing the pid file leaves a daemon no pid file names.
+        """
+        own = self._proc.pid if self._proc is not None else None
+        _terminate([pid for pid in daemons_using(self.config_path) if pid != own], self.stop_timeout)
+        self.pid_path.unlink(missing_ok=True)
+
+    def _reap(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None
+
+    def poll(self) -> int | None:
+        """The exit status if the daemon died on its own (negative: killed by that signal), else None.
+
+        None also when it was never started or was stopped with `stop()`. The caller decides whether
+        to restart (`ensure_running`) and how to report it; the log is in `log_path`.
+        """
+        return self._proc.poll() if self._proc is not None else None
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after `stop_timeout`; waits for the process. Returns its exit status."""
+        proc, self._proc = self._proc, None
+        code: int | None = None
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            code = proc.returncode
+        self.pid_path.unlink(missing_ok=True)
+        return code
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    def query(self) -> QueryResult:
+        """`nvidia-imex-ctl -c <config> -q` against this node's daemon, bounded by `ctl_timeout`."""
+        argv = [str(self.ctl_binary), "-c", str(self.config_path), "-q"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.ctl_timeout, check=False,
+                                  stdin=subprocess.DEVNULL, env={**os.environ, **self.env})
+        except subprocess.TimeoutExpired:
+            return QueryResult(None, "", f"{self.ctl_binary} -q timed out after {self.ctl_timeout} s")
+        except OSError as exc:
+            return QueryResult(None, "", f"running {self.ctl_binary}: {exc}")
+        return QueryResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def ready(self) -> bool:
+        """The daemon runs and answers exactly `READY\\n` with exit 0."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        return self.query().ready
+
+    def wait_ready(self, timeout: float, *, interval: float = 0.1,
+                   clock: Callable[[], float] = time.monotonic) -> None:
+        """Poll readiness until READY; ImexDaemonExited if the daemon dies, ImexNotReady after `timeout` s."""
+        deadline = clock() + timeout
+        last: QueryResult | None = None
+        while True:
+            code = self.poll()
+            if code is not None:
+                raise ImexDaemonExited(f"IMEX domain {self.domain_id} on {self.bind_address}: the daemon exited "
+                                       f"with status {code} before it was READY; log {self.log_path}: "
+                                       f"{self.log_tail()}", code)
+            if self._proc is None:
+                raise ImexError(f"IMEX domain {self.domain_id}: wait_ready on a daemon that is not started")
+            last = self.query()
+            if last.ready:
+                return
+            if clock() >= deadline:
+                raise ImexNotReady(f"IMEX domain {self.domain_id} on {self.bind_address}: not READY after "
+                                   f"{timeout:g} s; last query: {last.describe()}", last)
+            time.sleep(interval)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"

@@ -1,0 +1,99 @@
+"""What the cluster says about a rack's nodes: the clique their agents discovered, their GPUs.
+
+A read at program time (a data source, run by preview and up alike), for `components.Nvl72Rack`:
+per node whether it exists and is Ready, the clique label its node agent set from NVML
+(`nvlfabric.io/clique`), whether the fabric is ready, and its GPUs: allocatable and requested by
+the pods on it that have not finished. `summarize` is pure and unit-tested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node, Pod
+
+from nvlfabric.api import errors
+from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL
+from nvlfabric.kube.errors import api_call
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    exists: bool
+    ready: bool = False
+    clique: str | None = None
+    fabric_ready: bool = False
+    gpus_allocatable: int = 0
+    gpus_requested: int = 0
+
+
+@dataclass(frozen=True)
+class RackView:
+    nodes: tuple[NodeView, ...]
+    expected_clique: str | None
+    cliques: dict[str, str | None] = field(default_factory=dict)
+    mismatches: tuple[str, ...] = ()
+    """Human-readable problems: a node missing, without a clique, or in another clique."""
+    free_gpus: int = 0
+
+
+def _quantity(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def summarize(nodes: Sequence[NodeView], expected_clique: str | None) -> RackView:
+    """Which cliques the rack's nodes are in, what disagrees, and how many GPUs are free (pure)."""
+    cliques = {n.name: n.clique for n in nodes}
+    found = {c for c in cliques.values() if c}
+    problems = [f"{n.name}: no such Node" for n in nodes if not n.exists]
+    problems += [f"{n.name}: no clique discovered (NVLink fabric not ready)" for n in nodes
+                 if n.exists and not n.clique]
+    if expected_clique:
+        problems += [f"{n.name}: in clique {n.clique}, not the declared {expected_clique}" for n in nodes
+                     if n.clique and n.clique != expected_clique]
+    elif len(found) > 1:
+        problems.append(f"the rack's nodes report {len(found)} cliques ({', '.join(sorted(found))}); "
+                        "one NVL72 rack is one clique: check the cabling or the node list")
+    free = sum(max(0, n.gpus_allocatable - n.gpus_requested) for n in nodes if n.exists and n.ready)
+    return RackView(nodes=tuple(nodes), expected_clique=expected_clique, cliques=cliques,
+                    mismatches=tuple(problems), free_gpus=free)
+
+
+def _requested(pods: Iterable[Pod], resource: str) -> int:
+    total = 0
+    for p in pods:
+        if p.status is not None and p.status.phase in ("Succeeded", "Failed"):
+            continue
+        for c in (p.spec.containers if p.spec else []):
+            res = c.resources
+            amount = (res.limits or {}).get(resource) if res else None
+            if amount is None and res is not None:
+                amount = (res.requests or {}).get(resource)
+            total += _quantity(amount) if amount is not None else 0
+    return total
+
+
+def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[NodeView]:
+    out = []
+    for name in names:
+        try:
+            with api_call(f"read Node {name}"):
+                node = client.get(Node, name)
+        except errors.NotFound:
+            out.append(NodeView(name=name, exists=False))
+            continue
+        labels = (node.metadata.labels if node.metadata else None) or {}
+        conditions = (node.status.conditions if node.status else None) or []
+        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+        allocatable = _quantity(((node.status.allocatable if node.status else None) or {}).get(gpu_resource, 0))
+        pods = client.list(Pod, namespace="*", fields={"spec.nodeName": name})
+        out.append(NodeView(name=name, exists=True, ready=ready, clique=labels.get(CLIQUE_LABEL),
+                            fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
+                            gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource)))
+    return out

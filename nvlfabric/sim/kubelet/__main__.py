@@ -1,0 +1,88 @@
+"""`python -m nvlfabric.sim.kubelet`: run the simulated kubelets of a simulator's nodes in this process.
+
+`nvlfabric-sim up --racks N` starts this as one background process; tests may run it directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from lightkube import AsyncClient
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod, ServiceAccount
+
+from nvlfabric.sim import hardware
+from nvlfabric.sim.kubelet.kubelet import KubeletConfig, SimKubelet
+from nvlfabric.sim.nodes import rack_nodes
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m nvlfabric.sim.kubelet", description=__doc__)
+    ap.add_argument("--state-dir", type=Path, required=True)
+    ap.add_argument("--kubeconfig", type=Path, required=True)
+    ap.add_argument("--racks", type=int, default=1)
+    ap.add_argument("--nodes-per-rack", type=int, default=18)
+    ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
+    ap.add_argument("--images", default="{}", help='JSON: image (no tag) → command list run as a local process')
+    ap.add_argument("--ca-file", type=Path, default=None)
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+async def run(args: argparse.Namespace) -> None:
+    config = KubeConfig.from_file(str(args.kubeconfig))
+    client = AsyncClient(config=config, field_manager="nvlfabric-sim-kubelet")
+    context = config.get()
+    assert context is not None, f"{args.kubeconfig} has no current context"
+    server = context.cluster.server
+
+    async def token_for(namespace: str, service_account: str, pod_name: str) -> str:
+        # A token bound to the pod, so it carries the node-name claim a real projected token has.
+        pod = await client.get(Pod, pod_name, namespace=namespace)
+        assert pod.metadata is not None
+        req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=namespace),
+                                   spec=TokenRequestSpec(
+            audiences=[], expirationSeconds=3600,
+            boundObjectRef=BoundObjectReference(kind="Pod", apiVersion="v1", name=pod_name, uid=pod.metadata.uid)))
+        resp = await client.create(req, service_account, namespace=namespace)
+        assert resp.status is not None
+        return str(resp.status.token)
+
+    nodes = rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
+    kubelet = SimKubelet(
+        client, nodes,
+        KubeletConfig(images={k: list(v) for k, v in json.loads(args.images).items()}, api_server=server,
+                      ca_file=args.ca_file,
+                      hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
+        token_requester=token_for)
+    await kubelet.start()
+    logging.getLogger("nvlfabric.sim.kubelet").info("simulated kubelets ready: %d nodes", len(kubelet.nodes))
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await kubelet.stop()
+    await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,557 @@
+"""Simulated kubelets: one asyncio process hosting many GB200 nodes against the real API server.
+
+Per node it does what a kubelet does that matters to DRA and to nvlfabric:
+- registers the Node (GB200 capacity, 4 `nvidia.com/gpu` as the device plugin advertises them,
+  labels, its own loopback address) and renews its Lease every 10 s (leaseDuration/4, the kubelet's
+  rule); wipes the node's ResourceSlices at start and 30 s after a driver's last plugin instance
+  went away (the kubelet's defaultWipingDelay);
+- discovers DRA plugins in its `plugins_registry` and registers them (see plugins.py);
+- for each pod bound to it: waits until every claim is allocated and reserved for the pod, calls
+  NodePrepareResources per driver, resolves the returned CDI IDs against the node's CDI dirs (an
+  unresolvable ID fails the container start, as a runtime would), records each container's edits
+  in `containers/`, runs pods whose image maps to a local command (the node agent) as processes,
+  and reports the pod Running; Job pods annotated with a run time become Succeeded after it;
+- for each pod being deleted: stops its process, calls NodeUnprepareResources, then deletes the
+  pod with grace period 0 (pods stay Terminating until unprepare succeeds, as with a real kubelet).
+
+Pods are watched cluster-wide through one watch and dispatched to their node locally, so a
+process hosting 144 nodes holds one watch, not 144.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.core.generic_client import ALL_NS
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from nvlfabric.api import names
+from nvlfabric.api.kubelet.types import ClaimRef
+from nvlfabric.sim.kubelet import cdi
+from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
+from nvlfabric.sim.kubelet.processes import PodProcess, start_pod_process, stop_all
+from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode
+from nvlfabric.sim.nvml.topology import rack_name
+
+log = logging.getLogger("nvlfabric.sim.kubelet")
+
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = LEASE_DURATION_S / 4
+STATUS_REPORT_S = 60.0
+PLUGIN_SCAN_S = 0.5
+WIPING_DELAY_S = 30.0
+RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pod sync back-off, capped like the kubelet's (shorter here)
+RUN_SECONDS_ANNOTATION = "sim.nvlfabric.io/run-seconds"
+KUBELET_VERSION = "v1.37.2-nvlfabric-sim"
+GPU_RESOURCE = "nvidia.com/gpu"
+PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (nvlfabric/sim/controlplane.py waits longer)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def rfc3339(t: datetime.datetime | None = None) -> str:
+    return (t or now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class NodeState:
+    node: SimNode
+    uid: str = ""
+    plugins: dict[Path, Plugin] = field(default_factory=dict)  # registry socket → plugin
+    driver_gone_since: dict[str, float] = field(default_factory=dict)
+    prepared: dict[str, dict[str, list[ClaimRef]]] = field(default_factory=dict)  # pod uid → driver → claims
+    processes: dict[str, PodProcess] = field(default_factory=dict)  # pod uid → local process
+    started: set[str] = field(default_factory=set)  # pod uids reported Running
+
+    def plugin_for(self, driver: str) -> Plugin | None:
+        return next((p for p in self.plugins.values() if p.driver == driver), None)
+
+
+class PodNotReady(Exception):
+    """The pod cannot start yet; the message is what it waits for (shown as a pod event)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class KubeletConfig:
+    """How the simulated kubelets behave; the defaults are the real kubelet's where it has one."""
+
+    images: dict[str, list[str]] = field(default_factory=dict)
+    """Container image (without tag) → local command; pods with such an image run as processes."""
+    api_server: str = ""
+    """https://host:port of the API server, for KUBERNETES_SERVICE_HOST/PORT in local processes."""
+    ca_file: Path | None = None
+    hardware_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Node name → environment giving a local process that node's hardware identity (NVML)."""
+
+
+class SimKubelet:
+    def __init__(self, client: AsyncClient, nodes: Sequence[SimNode], config: KubeletConfig,
+                 *, token_requester: Callable[[str, str, str], Any] | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.nodes = {n.name: NodeState(n) for n in nodes}
+        self.token_requester = token_requester
+        self._pod_locks: dict[str, asyncio.Lock] = {}
+        self._pod_tasks: dict[str, asyncio.Task[None]] = {}
+        # Pods that changed while their sync ran: it may have read the object before the change
+        # (a deletion arriving mid-sync must not be lost: the pod would stay Terminating).
+        self._changed_during_sync: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._register_node(s) for s in self.nodes.values()))
+        self._tasks = [asyncio.create_task(self._supervise(loop)) for loop in
+                       (self._lease_loop, self._status_loop, self._plugin_loop, self._pod_watch)]
+
+    async def _supervise(self, loop: Callable[[], Any]) -> None:
+        """Keep a background loop alive: log what broke it and start it again."""
+        while not self._stopping.is_set():
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; restarting it in 1 s", loop.__name__)
+                await asyncio.sleep(1)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for t in [*self._tasks, *self._pod_tasks.values()]:
+            t.cancel()
+        for t in [*self._tasks, *self._pod_tasks.values()]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        stop_all([proc for state in self.nodes.values() for proc in state.processes.values()],
+                 timeout=PROCESS_STOP_TIMEOUT_S)
+        for state in self.nodes.values():
+            for plugin in state.plugins.values():
+                await plugin.close()
+
+    # -- node registration and heartbeats --------------------------------------------------------
+
+    def _node_object(self, n: SimNode) -> Node:
+        labels = {
+            "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64",
+            "node.kubernetes.io/instance-type": "gb200-nvl72-compute-tray",
+            names.RACK_LABEL: rack_name(n.rack), "nvlfabric.io/simulated": "true",
+        }
+        return Node(metadata=ObjectMeta(name=n.name, labels=labels))
+
+    def _node_status(self, n: SimNode) -> dict[str, Any]:
+        t = rfc3339()
+        # What a GB200 compute tray with NVIDIA's device plugin advertises: its 4 GPUs as the
+        # extended resource nvidia.com/gpu, so GPU requests spread pods as on a real cluster.
+        capacity = {"cpu": "144", "memory": "884Gi", "pods": "110", "ephemeral-storage": "3576Gi",
+                    "hugepages-2Mi": "0", GPU_RESOURCE: str(GPUS_PER_NODE)}
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "kubelet is posting ready status", "lastHeartbeatTime": t}
+        return {"status": {
+            "capacity": capacity, "allocatable": capacity,
+            "conditions": [ready] + [
+                {"type": c, "status": "False", "reason": f"KubeletHas{r}", "lastHeartbeatTime": t}
+                for c, r in (("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"),
+                             ("PIDPressure", "SufficientPID"))],
+            "addresses": [{"type": "InternalIP", "address": n.address}, {"type": "Hostname", "address": n.name}],
+            "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "arm64", "containerRuntimeVersion": "nvlfabric-sim://1",
+                         "kernelVersion": "6.8.0-nvidia-64k", "osImage": "Ubuntu 24.04 LTS (simulated)",
+                         "machineID": n.name, "systemUUID": n.name, "bootID": n.name},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        }}
+
+    async def _register_node(self, state: NodeState) -> None:
+        n = state.node
+        n.prepare_dirs()
+        try:
+            obj = await self.client.create(self._node_object(n))
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+            obj = await self.client.get(Node, n.name)
+        assert obj.metadata is not None
+        state.uid = obj.metadata.uid or ""
+        await self.client.patch(Node.Status, n.name, self._node_status(n))
+        lease = Lease(
+            metadata=ObjectMeta(name=n.name, namespace="kube-node-lease", ownerReferences=[
+                OwnerReference(apiVersion="v1", kind="Node", name=n.name, uid=state.uid)]),
+            spec=LeaseSpec(holderIdentity=n.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=now()))
+        try:
+            await self.client.create(lease)
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+        # A starting kubelet deletes every ResourceSlice of its node; drivers must republish.
+        await self._wipe_slices(n.name, driver=None)
+
+    async def _lease_loop(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(LEASE_RENEW_S)
+            stamp = now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            # A node that is "down" (nvlfabric-sim fault node-down) stops its heartbeats, as a dead
+            # machine does; the node-lifecycle controller then marks it NotReady and taints it.
+            await asyncio.gather(*(self._renew(name, stamp) for name, s in self.nodes.items() if not s.node.is_down()),
+                                 return_exceptions=True)
+
+    async def _renew(self, name: str, stamp: str) -> None:
+        await self.client.patch(Lease, name, {"spec": {"renewTime": stamp}}, namespace="kube-node-lease",
+                                patch_type=PatchType.MERGE)
+
+    async def _status_loop(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(STATUS_REPORT_S)
+            await asyncio.gather(*(self.client.patch(Node.Status, s.node.name, self._node_status(s.node))
+                                   for s in self.nodes.values() if not s.node.is_down()), return_exceptions=True)
+
+    async def _wipe_slices(self, node: str, *, driver: str | None) -> None:
+        fields: dict[str, Any] = {"spec.nodeName": node} | ({"spec.driver": driver} if driver else {})
+        async for s in self.client.list(ResourceSlice, fields=fields):
+            assert s.metadata is not None and s.metadata.name is not None
+            with contextlib.suppress(ApiError):
+                await self.client.delete(ResourceSlice, s.metadata.name)
+
+    # -- plugins ---------------------------------------------------------------------------------
+
+    async def _plugin_loop(self) -> None:
+        while not self._stopping.is_set():
+            for state in self.nodes.values():
+                await self._scan_plugins(state)
+                await self._restart_exited(state)
+            await asyncio.sleep(PLUGIN_SCAN_S)
+
+    async def _restart_exited(self, state: NodeState) -> None:
+        """Containers of local-process pods that died are restarted (restartPolicy Always), with the
+        restart counted in the pod status, as a kubelet does for a crashed DaemonSet container."""
+        for uid, proc in list(state.processes.items()):
+            code = proc.proc.poll()
+            if code is None or time.monotonic() < proc.restart_after:
+                continue
+            log.warning("node %s: container %s of pod %s exited with %s; restarting", state.node.name,
+                        proc.container.name, proc.pod_name, code)
+            try:
+                pod = await self.client.get(Pod, proc.pod_name, namespace=proc.namespace)
+            except ApiError:
+                state.processes.pop(uid, None)
+                continue
+            if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
+                continue
+            new = proc.restart()
+            state.processes[uid] = new
+            await self._report_running(state, pod, restarts=new.restarts, last_exit=code)
+
+    async def _scan_plugins(self, state: NodeState) -> None:
+        present = registry_sockets(state.node.registry_dir)
+        for sock in present - set(state.plugins):
+            endpoints = {p.endpoint for p in state.plugins.values()}
+            try:
+                plugin = await register(sock, registered_endpoints=endpoints)
+            except RegistrationError as exc:
+                log.warning("node %s: plugin registration failed: %s", state.node.name, exc)
+                continue
+            state.plugins[sock] = plugin
+            state.driver_gone_since.pop(plugin.driver, None)
+            log.info("node %s: registered DRA plugin %s (%s) at %s", state.node.name, plugin.driver,
+                     plugin.service, plugin.endpoint)
+        for sock in set(state.plugins) - present:
+            plugin = state.plugins.pop(sock)
+            await plugin.close()
+            if state.plugin_for(plugin.driver) is None:
+                state.driver_gone_since[plugin.driver] = time.monotonic()
+            log.info("node %s: DRA plugin %s unregistered", state.node.name, plugin.driver)
+        for driver, since in list(state.driver_gone_since.items()):
+            if time.monotonic() - since >= WIPING_DELAY_S:
+                del state.driver_gone_since[driver]
+                await self._wipe_slices(state.node.name, driver=driver)
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    async def _pod_watch(self) -> None:
+        async for event, pod in self.client.watch(Pod, namespace=ALL_NS):
+            if self._stopping.is_set():
+                return
+            node = pod.spec.nodeName if pod.spec else None
+            if node not in self.nodes or pod.metadata is None or pod.metadata.uid is None:
+                continue
+            if event == "DELETED":
+                continue
+            self._kick(pod)
+
+    def _kick(self, pod: Pod) -> None:
+        assert pod.metadata is not None and pod.metadata.uid is not None
+        uid = pod.metadata.uid
+        task = self._pod_tasks.get(uid)
+        if task is not None and not task.done():
+            self._changed_during_sync.add(uid)  # the running sync goes round once more
+            return
+        self._pod_tasks[uid] = asyncio.create_task(self._sync_pod_logged(pod.metadata.namespace or "default",
+                                                                         pod.metadata.name or "", uid))
+
+    async def _sync_pod_logged(self, namespace: str, name: str, uid: str) -> None:
+        while not self._stopping.is_set():
+            self._changed_during_sync.discard(uid)  # the sync below reads the pod after this point
+            try:
+                await self._sync_pod(namespace, name, uid)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("syncing pod %s/%s failed", namespace, name)
+            if uid not in self._changed_during_sync:
+                return
+
+    async def _sync_pod(self, namespace: str, name: str, uid: str) -> None:
+        attempt = 0
+        while not self._stopping.is_set():
+            try:
+                pod = await self.client.get(Pod, name, namespace=namespace)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return
+                raise
+            if pod.metadata is None or pod.metadata.uid != uid or pod.spec is None:
+                return
+            state = self.nodes[pod.spec.nodeName or ""]
+            try:
+                if pod.metadata.deletionTimestamp is not None:
+                    await self._terminate(state, pod)
+                    return
+                phase = pod.status.phase if pod.status else None
+                if phase in ("Succeeded", "Failed"):
+                    return
+                if uid not in state.started:
+                    await self._start(state, pod)
+                if await self._maybe_complete(state, pod):
+                    return
+                return
+            except PodNotReady as exc:
+                await self._event(pod, exc.reason, str(exc), warning=True)
+            except (PluginCallError, ApiError, OSError) as exc:
+                await self._event(pod, "FailedSync", str(exc), warning=True)
+            except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
+                log.exception("syncing pod %s/%s failed", namespace, name)
+                await self._event(pod, "FailedSync", f"simulated kubelet error: {exc!r}", warning=True)
+            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+            attempt += 1
+
+    async def _claims(self, pod: Pod) -> list[ResourceClaim]:
+        assert pod.spec is not None and pod.metadata is not None
+        names: dict[str, str | None] = {}
+        statuses = {s.name: s.resourceClaimName for s in (pod.status.resourceClaimStatuses or [])} \
+            if pod.status else {}
+        for rc in pod.spec.resourceClaims or []:
+            names[rc.name] = rc.resourceClaimName or statuses.get(rc.name)
+        claims = []
+        for ref, claim_name in names.items():
+            if not claim_name:
+                raise PodNotReady("FailedPrepareDynamicResources",
+                                  f"waiting for ResourceClaim of pod claim {ref!r} to be created")
+            try:
+                claim = await self.client.get(ResourceClaim, claim_name, namespace=pod.metadata.namespace)
+            except ApiError as exc:
+                raise PodNotReady("FailedPrepareDynamicResources",
+                                  f"ResourceClaim {claim_name}: {exc.status.message}") from exc
+            reserved = {r.uid for r in (claim.status.reservedFor or [])} if claim.status else set()
+            if not (claim.status and claim.status.allocation) or pod.metadata.uid not in reserved:
+                raise PodNotReady("FailedPrepareDynamicResources",
+                                  f"ResourceClaim {claim_name} is not allocated and reserved for this pod yet")
+            claims.append(claim)
+        return claims
+
+    async def _start(self, state: NodeState, pod: Pod) -> None:
+        assert pod.metadata is not None and pod.spec is not None
+        uid = pod.metadata.uid or ""
+        claims = await self._claims(pod)
+        by_driver: dict[str, list[ClaimRef]] = {}
+        for claim in claims:
+            assert claim.metadata is not None and claim.status and claim.status.allocation
+            drivers = {r.driver for r in (claim.status.allocation.devices.results or [])} \
+                if claim.status.allocation.devices else set()
+            ref = ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
+                           uid=claim.metadata.uid or "")
+            for d in drivers:
+                by_driver.setdefault(d, []).append(ref)
+        # request name → CDI IDs, per claim name (pod-level claim name as containers reference it)
+        cdi_by_claim: dict[str, list[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+        pod_claim_name = {}
+        statuses = {s.resourceClaimName: s.name for s in (pod.status.resourceClaimStatuses or [])} \
+            if pod.status else {}
+        for rc in pod.spec.resourceClaims or []:
+            pod_claim_name[rc.resourceClaimName or ""] = rc.name
+        for driver, refs in by_driver.items():
+            plugin = state.plugin_for(driver)
+            if plugin is None:
+                raise PodNotReady("FailedPrepareDynamicResources",
+                                  f"DRA driver {driver} is not registered on node {state.node.name}")
+            results = await plugin.prepare(refs)
+            state.prepared.setdefault(uid, {})[driver] = refs
+            failed = {u: r for u, r in results.items() if isinstance(r, str)}
+            if failed:
+                raise PodNotReady("FailedPrepareDynamicResources",
+                                  "; ".join(f"claim {u}: {e}" for u, e in failed.items()))
+            for ref in refs:
+                devices = results[ref.uid]
+                assert not isinstance(devices, str)
+                local = pod_claim_name.get(ref.name) or statuses.get(ref.name) or ref.name
+                cdi_by_claim.setdefault(local, []).extend((d.request_names, d.cdi_device_ids) for d in devices)
+        records = {}
+        for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
+            ids: list[str] = []
+            for c in (container.resources.claims or []) if container.resources else []:
+                for requests, cdi_ids in cdi_by_claim.get(c.name, []):
+                    if not requests or (c.request and c.request in requests) or not c.request:
+                        ids.extend(i for i in cdi_ids if i not in ids)
+            try:
+                edits = cdi.resolve(state.node.cdi_dirs, ids)
+            except cdi.UnresolvableDevices as exc:
+                raise PodNotReady("Failed", f"container {container.name}: CreateContainerError: {exc}") from exc
+            records[container.name] = {"cdi_device_ids": ids,
+                                       **edits.model_dump(mode="json", by_alias=True, exclude_none=True)}
+        state.node.containers_dir.mkdir(parents=True, exist_ok=True)
+        for cname, record in records.items():
+            path = state.node.containers_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{cname}.json"
+            record |= {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "pod_uid": uid,
+                       "container": cname, "node": state.node.name}
+            path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        await self._maybe_run_process(state, pod)
+        await self._report_running(state, pod)
+        state.started.add(uid)
+
+    async def _maybe_run_process(self, state: NodeState, pod: Pod) -> None:
+        assert pod.metadata is not None and pod.spec is not None
+        uid = pod.metadata.uid or ""
+        if uid in state.processes:
+            return
+        for container in pod.spec.containers:
+            image = (container.image or "").rsplit(":", 1)[0].split("@")[0]
+            if image in self.config.images:
+                token = None
+                if self.token_requester is not None and pod.spec.serviceAccountName:
+                    token = await self.token_requester(pod.metadata.namespace or "default",
+                                                       pod.spec.serviceAccountName, pod.metadata.name or "")
+                state.processes[uid] = start_pod_process(
+                    node=state.node, pod=pod, container=container, command=self.config.images[image],
+                    api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
+                    extra_env=self.config.hardware_env.get(state.node.name, {}))
+                return
+
+    async def _report_running(self, state: NodeState, pod: Pod, *, restarts: int = 0,
+                              last_exit: int | None = None) -> None:
+        assert pod.metadata is not None and pod.spec is not None
+        t = rfc3339()
+        containers: list[dict[str, Any]] = [
+            {"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": restarts,
+             "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
+             "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+        if last_exit is not None:
+            for c in containers:
+                c["lastState"] = {"terminated": {"exitCode": last_exit if last_exit >= 0 else 128 - last_exit,
+                                                 "reason": "Error", "finishedAt": t}}
+        status = {"status": {
+            "phase": "Running", "startTime": t, "hostIP": state.node.address,
+            "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,
+            "podIPs": [{"ip": state.node.address}],
+            "conditions": [{"type": c, "status": "True", "lastTransitionTime": t}
+                           for c in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")],
+            "containerStatuses": containers,
+        }}
+        await self.client.patch(Pod.Status, pod.metadata.name or "", status, namespace=pod.metadata.namespace)
+
+    async def _maybe_complete(self, state: NodeState, pod: Pod) -> bool:
+        """Job pods with a run time annotation finish (Succeeded) once it has passed."""
+        assert pod.metadata is not None and pod.spec is not None
+        seconds = (pod.metadata.annotations or {}).get(RUN_SECONDS_ANNOTATION)
+        if seconds is None:
+            return True
+        await asyncio.sleep(float(seconds))
+        t = rfc3339()
+        containers = [{"name": c.name, "image": c.image or "", "imageID": "", "ready": False, "restartCount": 0,
+                       "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                                  "finishedAt": t}}}
+                      for c in pod.spec.containers]
+        await self.client.patch(Pod.Status, pod.metadata.name or "", {"status": {
+            "phase": "Succeeded", "containerStatuses": containers,
+            "conditions": [{"type": c, "status": "False", "reason": "PodCompleted", "lastTransitionTime": t}
+                           for c in ("Ready", "ContainersReady")]}}, namespace=pod.metadata.namespace)
+        return True
+
+    async def _terminate(self, state: NodeState, pod: Pod) -> None:
+        assert pod.metadata is not None
+        uid = pod.metadata.uid or ""
+        proc = state.processes.pop(uid, None)
+        if proc is not None:
+            proc.stop()
+        prepared = state.prepared.get(uid)
+        if prepared is None and pod.spec and pod.spec.resourceClaims:
+            # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the
+            # kubelet does from its checkpoint; plugins must treat unknown claims as done.
+            prepared = await self._prepared_from_api(pod)
+        for driver, refs in list((prepared or {}).items()):
+            plugin = state.plugin_for(driver)
+            if plugin is None:
+                raise PodNotReady("FailedUnprepareDynamicResources",
+                                  f"DRA driver {driver} is not registered on node {state.node.name}")
+            errors = {u: e for u, e in (await plugin.unprepare(refs)).items() if e}
+            if errors:
+                raise PodNotReady("FailedUnprepareDynamicResources",
+                                  "; ".join(f"claim {u}: {e}" for u, e in errors.items()))
+            state.prepared.get(uid, {}).pop(driver, None)
+        state.prepared.pop(uid, None)
+        state.started.discard(uid)
+        with contextlib.suppress(ApiError):
+            await self.client.delete(Pod, pod.metadata.name or "", namespace=pod.metadata.namespace,
+                                     grace_period=0)
+
+    async def _prepared_from_api(self, pod: Pod) -> dict[str, list[ClaimRef]]:
+        out: dict[str, list[ClaimRef]] = {}
+        assert pod.metadata is not None
+        for s in (pod.status.resourceClaimStatuses or []) if pod.status else []:
+            if not s.resourceClaimName:
+                continue
+            try:
+                claim = await self.client.get(ResourceClaim, s.resourceClaimName, namespace=pod.metadata.namespace)
+            except ApiError:
+                continue
+            if claim.status and claim.status.allocation and claim.status.allocation.devices and claim.metadata:
+                ref = ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
+                           uid=claim.metadata.uid or "")
+                for d in {r.driver for r in claim.status.allocation.devices.results or []}:
+                    out.setdefault(d, []).append(ref)
+        return out
+
+    async def _event(self, pod: Pod, reason: str, message: str, *, warning: bool) -> None:
+        assert pod.metadata is not None
+        log.info("pod %s/%s: %s: %s", pod.metadata.namespace, pod.metadata.name, reason, message)
+        node = pod.spec.nodeName if pod.spec else ""
+        ev = Event(
+            metadata=ObjectMeta(generateName=f"{pod.metadata.name}.", namespace=pod.metadata.namespace),
+            involvedObject=ObjectReference(kind="Pod", apiVersion="v1", name=pod.metadata.name,
+                                           namespace=pod.metadata.namespace, uid=pod.metadata.uid),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            source=EventSource(component="kubelet", host=node), firstTimestamp=now(), lastTimestamp=now(), count=1,
+        )
+        with contextlib.suppress(ApiError):
+            await self.client.create(ev)
+

@@ -1,0 +1,178 @@
+"""Running a pod's container as a local process on a simulated node (the node agent's DaemonSet).
+
+There is no container runtime, so the "container" is a process of ours and its mounts are
+emulated by path translation: for every volumeMount, a value in the container's args or env that
+starts with the mount path is rewritten to the directory that volume maps to on this node
+(hostPath volumes through the node's host-path table, the projected service-account volume to a
+per-pod directory with a token bound to this pod). The kubelet's usual environment is added
+(KUBERNETES_SERVICE_HOST/PORT, downward-API fields), so the process sees what a pod would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from lightkube.models.core_v1 import Container
+from lightkube.resources.core_v1 import Pod
+
+from nvlfabric.sim.nodes import SimNode
+
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass
+class PodProcess:
+    pod_uid: str
+    pod_name: str
+    namespace: str
+    container: Container
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    restarts: int = 0
+    restart_after: float = 0.0
+
+    @property
+    def pid_file(self) -> Path:
+        return self.cwd / f"{self.container.name}.pid"
+
+    def restart(self) -> PodProcess:
+        """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
+        new = _launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
+                      container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
+        new.restarts = self.restarts + 1
+        new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
+        return new
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
+    """Stop many processes at once: SIGTERM to all, then wait for all, SIGKILL what is left after
+    `timeout` s. One after another, 72 node agents (each stopping its IMEX daemon) outlast the time
+    `nvlfabric-sim down` gives the kubelet process, and whatever is left keeps running orphaned."""
+    running = [p for p in procs if p.proc.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError):
+            p.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in running:
+        try:
+            p.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+
+
+def _field_ref(pod: Pod, node: SimNode, path: str) -> str:
+    assert pod.metadata is not None and pod.spec is not None
+    values = {
+        "metadata.name": pod.metadata.name or "", "metadata.namespace": pod.metadata.namespace or "",
+        "metadata.uid": pod.metadata.uid or "", "spec.nodeName": node.name,
+        "spec.serviceAccountName": pod.spec.serviceAccountName or "",
+        "status.hostIP": node.address, "status.podIP": node.address,
+    }
+    return values.get(path, "")
+
+
+def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None) -> dict[str, Path]:
+    """Volume name → directory on this node standing in for it."""
+    assert pod.metadata is not None and pod.spec is not None
+    pod_dir = node.pod_dir(pod.metadata.uid or "")
+    out: dict[str, Path] = {}
+    host_paths = node.host_paths()
+    for vol in pod.spec.volumes or []:
+        if vol.hostPath is not None:
+            path = vol.hostPath.path
+            match = next((hp for hp in sorted(host_paths, key=len, reverse=True)
+                          if path == hp or path.startswith(hp + "/")), None)
+            if match is None:
+                # Any other host path is private to this node (never the real host's).
+                out[vol.name] = node.dir / "host" / path.lstrip("/")
+            else:
+                out[vol.name] = host_paths[match] / path[len(match):].lstrip("/")
+        elif vol.projected is not None or vol.emptyDir is not None or vol.configMap is not None:
+            out[vol.name] = pod_dir / "volumes" / vol.name
+    for d in out.values():
+        if not d.exists():
+            d.mkdir(parents=True, exist_ok=True)  # DirectoryOrCreate; files (e.g. /proc/devices) exist
+    # The projected service-account volume the ServiceAccount admission plugin added.
+    for vol in pod.spec.volumes or []:
+        if vol.projected is not None and vol.name.startswith("kube-api-access"):
+            d = out[vol.name]
+            (d / "namespace").write_text(pod.metadata.namespace or "default")
+            if token is not None:
+                (d / "token").write_text(token)
+                (d / "token").chmod(0o600)
+            if ca_file is not None:
+                shutil.copyfile(ca_file, d / "ca.crt")
+    return out
+
+
+def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
+    for mount_path, host_dir in mounts:
+        if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+            return str(host_dir) + value[len(mount_path.rstrip("/")):]
+    return value
+
+
+def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command: list[str], api_server: str,
+                      ca_file: Path | None, token: str | None,
+                      extra_env: dict[str, str] | None = None) -> PodProcess:
+    assert pod.metadata is not None
+    dirs = volume_dirs(node, pod, token, ca_file)
+    mounts = sorted(((m.mountPath, dirs[m.name]) for m in container.volumeMounts or [] if m.name in dirs),
+                    key=lambda m: len(m[0]), reverse=True)
+    api = urlparse(api_server)
+    env: dict[str, str] = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(node.pod_dir(pod.metadata.uid or "")),
+        "HOSTNAME": pod.metadata.name or "",
+        "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(api.port or 443),
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    for e in container.env or []:
+        value: Any = e.value
+        if e.valueFrom is not None and e.valueFrom.fieldRef is not None:
+            value = _field_ref(pod, node, e.valueFrom.fieldRef.fieldPath)
+        env[e.name] = translate(str(value or ""), mounts)
+    argv = [*command, *(translate(a, mounts) for a in (container.args or []))]
+    pod_dir = node.pod_dir(pod.metadata.uid or "")
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
+                   namespace=pod.metadata.namespace or "default", container=container, argv=argv, env=env,
+                   cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
+
+
+def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
+            env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
+    with log_path.open("ab") as fh:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                cwd=cwd, start_new_session=True)
+    pp = PodProcess(pod_uid=pod_uid, pod_name=pod_name, namespace=namespace, container=container, proc=proc,
+                    log_path=log_path, argv=argv, env=env, cwd=cwd)
+    # `nvlfabric-sim fault agent-killed` finds the process through this file.
+    pp.pid_file.write_text(f"{proc.pid}\n")
+    return pp

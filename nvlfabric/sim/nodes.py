@@ -1,0 +1,142 @@
+"""Simulated GB200 NVL72 nodes: names, loopback addresses and each node's own directories.
+
+A rack is 18 nodes (compute trays) of 4 GPUs each, joined by one NVLink domain. Every simulated node
+gets a distinct loopback address (127.10.<rack>.<index+1>, all on `lo`, no set-up needed) and a
+directory standing in for its host file system:
+
+    <state>/nodes/<name>/
+        kubelet -> /tmp/nvlk-<hash>/<name>/kubelet
+                                     the kubelet root (/var/lib/kubelet): plugins_registry/, plugins/
+                                     (kept under a short path: unix sockets hold 107 bytes)
+        cdi/etc/, cdi/run/           CDI spec dirs (/etc/cdi, /var/run/cdi)
+        driver-root/                 the NVIDIA driver root (/run/nvidia/driver); device nodes land here
+        proc-devices                 this node's /proc/devices (with the IMEX channel major)
+        containers/                  what each started container got (env, device nodes, mounts)
+        pods/<uid>/                  per-pod files (projected service-account token, logs)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from nvlfabric.api import names
+from nvlfabric.sim.nvml import topology
+
+NODES_PER_RACK = names.NODES_PER_CLIQUE
+GPUS_PER_NODE = names.GPUS_PER_NODE
+# A dynamic major, as the driver registers it; what matters is that agents read it from the file.
+IMEX_CHANNELS_MAJOR = 507
+NVIDIA_CAPS_MAJOR = 508
+
+
+class SimNode(BaseModel):
+    name: str
+    rack: int
+    index: int
+    address: str
+    dir: Path
+    runtime_dir: Path
+    """Where this node's kubelet root really is: a short path, because unix socket paths hold 107
+    bytes and the kubelet root carries the plugin sockets (`dir/kubelet` links to it)."""
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.runtime_dir / "kubelet"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def cdi_dirs(self) -> list[Path]:
+        """In the runtime's priority order: later directories win."""
+        return [self.dir / "cdi" / "etc", self.dir / "cdi" / "run"]
+
+    @property
+    def driver_root(self) -> Path:
+        return self.dir / "driver-root"
+
+    @property
+    def proc_devices(self) -> Path:
+        return self.dir / "proc-devices"
+
+    @property
+    def containers_dir(self) -> Path:
+        return self.dir / "containers"
+
+    @property
+    def control_file(self) -> Path:
+        """Faults for the simulated kubelet of this node (see nvlfabric/sim/faults.py)."""
+        return self.dir / "sim-control.json"
+
+    def is_down(self) -> bool:
+        try:
+            return bool(json.loads(self.control_file.read_text()).get("down", False))
+        except (FileNotFoundError, ValueError):
+            return False
+
+    def pod_dir(self, uid: str) -> Path:
+        return self.dir / "pods" / uid
+
+    def host_paths(self) -> dict[str, Path]:
+        """Host path → this node's directory, for hostPath volumes of pods placed here."""
+        return {
+            "/var/lib/kubelet": self.kubelet_root,
+            "/etc/cdi": self.cdi_dirs[0],
+            "/var/run/cdi": self.cdi_dirs[1],
+            "/run/cdi": self.cdi_dirs[1],
+            "/run/nvidia/driver": self.driver_root,
+            "/proc/devices": self.proc_devices,
+        }
+
+    def prepare_dirs(self) -> None:
+        for d in (self.registry_dir, self.kubelet_root / "plugins", *self.cdi_dirs, self.driver_root / "dev",
+                  self.containers_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        link = self.dir / "kubelet"
+        if not link.is_symlink():
+            link.symlink_to(self.kubelet_root)
+        self.proc_devices.write_text(proc_devices_text())
+
+
+def node_name(rack: int, index: int) -> str:
+    """Kubernetes node name; the same name identifies the node in the NVML topology."""
+    return topology.node_name(topology.rack_name(rack), index)
+
+
+def runtime_root(state_dir: Path) -> Path:
+    """A short directory of this simulator's own for unix sockets, whatever the state dir's length."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"nvlk-{digest}"
+
+
+def rack_nodes(state_dir: Path, racks: int, nodes_per_rack: int = NODES_PER_RACK, *,
+               first_rack: int = 0) -> list[SimNode]:
+    if not 1 <= racks <= 200 or not 0 <= first_rack <= 255 - racks:
+        raise ValueError(f"--racks must be between 1 and 200 (racks numbered up to 255), got {racks}")
+    if not 1 <= nodes_per_rack <= NODES_PER_RACK:
+        raise ValueError(f"--nodes-per-rack must be between 1 and {NODES_PER_RACK} (an NVL72 rack), "
+                         f"got {nodes_per_rack}")
+    return [
+        SimNode(name=node_name(r, i), rack=r, index=i, address=f"127.10.{r}.{i + 1}",
+                dir=state_dir / "nodes" / node_name(r, i), runtime_dir=runtime_root(state_dir) / node_name(r, i))
+        for r in range(first_rack, first_rack + racks) for i in range(nodes_per_rack)
+    ]
+
+
+def proc_devices_text() -> str:
+    """A /proc/devices as a GB200 node with the NVIDIA driver loaded shows it."""
+    return (
+        "Character devices:\n"
+        "  1 mem\n  4 /dev/vc/0\n  4 tty\n  5 /dev/tty\n  5 /dev/console\n 10 misc\n"
+        "195 nvidia-frontend\n"
+        f"{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n"
+        f"{NVIDIA_CAPS_MAJOR} nvidia-caps\n"
+        "509 nvidia-uvm\n"
+        "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n"
+    )

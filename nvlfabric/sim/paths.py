@@ -1,0 +1,53 @@
+"""Where the simulator keeps its state and finds the tools `make tools` built.
+
+State lives in one directory: `--state-dir`, else `$NVLFABRIC_SIM_DIR`, else the user's state dir
+(`$XDG_STATE_HOME/nvlfabric/sim`, i.e. `~/.local/state/nvlfabric/sim`). The tools are found
+through the manifest tools/build.py writes (`build/tools.json` in the checkout, or
+`$NVLFABRIC_TOOLS_MANIFEST`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout this module runs from (its `build/` holds the tool manifest `make tools` writes)."""
+
+
+def default_state_dir() -> Path:
+    if env := os.environ.get("NVLFABRIC_SIM_DIR"):
+        return Path(env)
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "nvlfabric" / "sim"
+
+
+class ToolsMissing(RuntimeError):
+    """The Go-built tools are not there yet."""
+
+
+@dataclass(frozen=True)
+class Tools:
+    bin_dir: Path
+    pulumi_home: Path
+    versions: dict[str, str]
+
+    def binary(self, name: str) -> Path:
+        path = self.bin_dir / name
+        if not path.exists():
+            raise ToolsMissing(f"{path} is missing; run `make tools` to build it")
+        return path
+
+
+def load_tools() -> Tools:
+    manifest = Path(os.environ.get("NVLFABRIC_TOOLS_MANIFEST") or REPO / "build" / "tools.json")
+    try:
+        data = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        raise ToolsMissing(f"no tool manifest at {manifest}; run `make tools` first") from None
+    except ValueError as exc:
+        raise ToolsMissing(f"tool manifest {manifest} is not valid JSON ({exc}); run `make tools` again") from None
+    return Tools(bin_dir=Path(data["bin_dir"]), pulumi_home=Path(data["pulumi_home"]),
+                 versions=dict(data["versions"]))
