@@ -9,7 +9,6 @@ ports of its own (so a `make demo` cluster is never disturbed) and stops it at t
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
 from nvlfabric.sim import processes
-from nvlfabric.sim.controlplane import ControlPlane, Ports
+from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports  # free_ports: also imported from here
 from nvlfabric.sim.paths import REPO
 
 TEST_PORTS = Ports(etcd_client=33790, etcd_peer=33800, apiserver=36443, scheduler=30259)
@@ -35,20 +34,6 @@ class Cluster:
 
 def _progress(msg: str) -> None:
     print(f"[control plane] {msg}", file=sys.stderr, flush=True)
-
-
-def free_ports() -> Ports:
-    """Four distinct free loopback ports (held open together while chosen), for tests that start a
-    control plane of their own."""
-    socks = [socket.socket() for _ in range(4)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        etcd, peer, api, sched = (int(sock.getsockname()[1]) for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
-    return Ports(etcd_client=etcd, etcd_peer=peer, apiserver=api, scheduler=sched)
 
 
 def session_ports() -> Ports:
@@ -74,3 +59,43 @@ def cluster() -> Iterator[Cluster]:
         client.close()
         if started:
             cp.down()
+
+
+@contextlib.contextmanager
+def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manager: str,
+                   prefix: str) -> Iterator[tuple[ControlPlane, Client]]:
+    """A control plane of its own with one rack of `nodes` simulated GB200 nodes (rack number
+    `first_rack`: addresses 127.10.<first_rack>.x, node names from it), and a client for it.
+    Stopped and removed afterwards; the agents' and the kubelet's last log lines are printed
+    (pytest shows them when a test failed)."""
+    state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    cp = ControlPlane(state_dir=state, ports=ports, racks=1, nodes_per_rack=nodes, first_rack=first_rack,
+                      progress=lambda m: None)
+    cp.up()
+    client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager=field_manager)
+    try:
+        yield cp, client
+    finally:
+        client.close()
+        cp.down()
+        for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
+            print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def stuck_deletions(cp: ControlPlane, client: Client, namespace: str = "default") -> str:
+    """What a hung delete is waiting on: objects being deleted with their finalizers, and the
+    simulated kubelet's last words."""
+    from lightkube.resources.batch_v1 import Job
+    from lightkube.resources.core_v1 import Pod
+
+    lines = []
+    for res in (Job, Pod):
+        for obj in client.list(res, namespace=namespace):
+            meta = obj.metadata
+            lines.append(f"{res.__name__} {meta.name}: deleting since {meta.deletionTimestamp}, finalizers "
+                         f"{meta.finalizers}, node {getattr(obj.spec, 'nodeName', None)}, "
+                         f"phase {getattr(obj.status, 'phase', None)}")
+    log = cp.state_dir / "logs" / "sim-kubelet.log"
+    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+    return "\n".join([*lines, "--- sim-kubelet.log", *tail])

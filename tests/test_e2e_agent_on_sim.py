@@ -40,8 +40,7 @@ from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim import faults
-from nvlfabric.sim.controlplane import ControlPlane
-from tests.conftest import free_ports
+from nvlfabric.sim.controlplane import ControlPlane, free_ports
 from tests.kube import eventually, install_crd
 
 pytestmark = pytest.mark.cluster

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import shutil
+import socket
 import ssl
 import sys
 import time
@@ -56,6 +57,20 @@ class Ports(BaseModel):
     def flags(self) -> dict[str, str]:
         return {"etcd_client": "--etcd-port", "etcd_peer": "--etcd-peer-port",
                 "apiserver": "--apiserver-port", "scheduler": "--scheduler-port"}
+
+
+def free_ports() -> Ports:
+    """Four distinct free loopback ports (held open together while chosen), for a control plane of
+    its own beside any other on this machine: a test's, a benchmark's, another checkout's."""
+    socks = [socket.socket() for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        etcd, peer, api, sched = (int(sock.getsockname()[1]) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    return Ports(etcd_client=etcd, etcd_peer=peer, apiserver=api, scheduler=sched)
 
 
 class State(BaseModel):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nvlfabric.sim import processes
-from nvlfabric.sim.controlplane import ControlPlane, Ports
-from tests.conftest import Cluster, free_ports
+from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports
+from tests.conftest import Cluster
 
 CLI = [sys.executable, "-m", "nvlfabric.sim.cli"]
 

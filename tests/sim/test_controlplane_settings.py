@@ -12,9 +12,8 @@ import yaml
 from lightkube.models.core_v1 import Container
 
 from nvlfabric.sim import processes
-from nvlfabric.sim.controlplane import ControlPlane
+from nvlfabric.sim.controlplane import ControlPlane, free_ports
 from nvlfabric.sim.kubelet.processes import _launch, stop_all
-from tests.conftest import free_ports
 
 # Takes a second to exit after SIGTERM, as a node agent stopping its IMEX daemon does.
 SLOW_EXIT = ("import signal, sys, time\n"
