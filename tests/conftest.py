@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: one real control plane for the whole session.
+"""Suite-wide fixtures: one real control plane for the whole session (and `simulated_rack`, a
+control plane of its own with a rack of simulated GB200 nodes, for the end-to-end tests).
 
 The control plane is the real etcd/kube-apiserver/kube-scheduler/kube-controller-manager that
 `make tools` builds. If one is already running in the test state directory (e.g. a developer's
@@ -8,8 +9,11 @@ ports of its own (so a `make demo` cluster is never disturbed) and stops it at t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path

@@ -4,10 +4,8 @@ a simulated rack (driver + ComputeDomain + a Job of two pods → Ready, channel 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,6 @@ from typing import Any
 import pulumi
 import pytest
 from lightkube import Client
-from lightkube.config.kubeconfig import KubeConfig
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -32,7 +29,7 @@ from nvlfabric.components import (
 from nvlfabric.components.driver import driver_objects
 from nvlfabric.components.workload import BoundJobArgs, job_manifest, workload_manifests
 from nvlfabric.sim.controlplane import ControlPlane
-from tests.conftest import free_ports
+from tests.conftest import free_ports, simulated_rack, stuck_deletions
 from tests.kube import eventually
 from tests.pulumi_cli import project_from_fixture
 
@@ -226,36 +223,8 @@ FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "components_stac
 
 @pytest.fixture(scope="module")
 def rack() -> Iterator[tuple[ControlPlane, Client]]:
-    state = Path(tempfile.mkdtemp(prefix="nvlcomp-", dir="/tmp"))
-    cp = ControlPlane(state_dir=state, ports=PORTS, racks=1, nodes_per_rack=3, first_rack=RACK,
-                      progress=lambda m: None)
-    cp.up()
-    client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="components-test")
-    try:
-        yield cp, client
-    finally:
-        client.close()
-        cp.down()
-        for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
-            print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def stuck_deletions(cp: ControlPlane, client: Client) -> str:
-    """What a hung delete is waiting on: objects being deleted with their finalizers, and the
-    simulated kubelet's last words."""
-    from lightkube.resources.batch_v1 import Job
-
-    lines = []
-    for res in (Job, Pod):
-        for obj in client.list(res, namespace="default"):
-            meta = obj.metadata
-            lines.append(f"{res.__name__} {meta.name}: deleting since {meta.deletionTimestamp}, finalizers "
-                         f"{meta.finalizers}, node {getattr(obj.spec, 'nodeName', None)}, "
-                         f"phase {getattr(obj.status, 'phase', None)}")
-    log = cp.state_dir / "logs" / "sim-kubelet.log"
-    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
-    return "\n".join([*lines, "--- sim-kubelet.log", *tail])
+    with simulated_rack(ports=PORTS, first_rack=RACK, field_manager="components-test", prefix="nvlcomp-") as sim:
+        yield sim
 
 
 @pytest.mark.cluster
