@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from nvlfabric.sim.kubelet.fakeplugin import FakePlugin
 from nvlfabric.sim.paths import load_tools
-from tests.sim.fake_dra_plugin import FakePlugin
 
 
 @pytest.fixture

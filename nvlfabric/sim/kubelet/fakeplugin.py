@@ -1,8 +1,12 @@
-"""A minimal DRA plugin for testing the simulated kubelet's side of the gRPC contract.
+"""A minimal DRA plugin: a stand-in for a node's kubelet plugin on the simulated kubelet's side of
+the gRPC contract.
 
-It is a test double of the node agent's *wire surface only* (registration + DRA service on unix
-sockets), so the kubelet can be tested before and independently of the real agent. It writes one
-CDI spec per prepared claim, like a real driver, and records every call it receives.
+It is a double of the node agent's *wire surface only* (registration + DRA service on unix
+sockets), so the kubelet can be tested and benchmarked before and independently of the real agent.
+It writes one CDI spec per prepared claim, like a real driver, and records every call it receives.
+
+It lives in the simulator room, beside the kubelet it plugs into, because the kubelet tests and
+bench/sim.py both drive it: benchmarks use nvlfabric as a user would and import no test helpers.
 """
 
 from __future__ import annotations
