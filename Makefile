@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GOTOOLCHAIN := local
 
-.PHONY: all venv tools nvml generate test check lint typecheck demo demo-down sim-up sim-down bench clean
+.PHONY: all venv tools nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
 
 all: tools venv
 
@@ -42,7 +42,11 @@ lint: venv
 typecheck: venv
 	@$(VPY) -m mypy
 
-check: lint typecheck
+# The rooms' import contracts (pyproject.toml [tool.importlinter]).
+imports: venv
+	@$(VENV)/bin/lint-imports --no-cache
+
+check: lint typecheck imports
 
 sim-up: tools venv
 	@$(VENV)/bin/nvlfabric-sim up
@@ -58,7 +62,7 @@ demo-down: venv
 
 bench: tools venv nvml
 	@mkdir -p bench/results
-	@set -e; for b in bench/*.py; do echo "[bench] $$b"; $(VPY) $$b; done
+	@set -e; for b in bench/[!_]*.py; do echo "[bench] $$b"; $(VPY) $$b; done
 
 clean:
 	rm -rf build $(VENV)

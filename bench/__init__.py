@@ -1,0 +1,1 @@
+"""Marks this folder as a package for the import contracts (pyproject.toml [tool.importlinter]); nothing to import."""
