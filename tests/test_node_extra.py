@@ -23,19 +23,22 @@ def _site_packages_mb(venv: Path) -> float:
 @pytest.mark.timeout(1200)
 def test_the_node_extra_runs_the_agent_and_the_controller_without_pulumi(tmp_path: Path) -> None:
     python = installed.venv(tmp_path / "venv", "node")
-    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(python), *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
     for command in ("agent", "controller"):
-        proc = subprocess.run([str(python), "-m", "nvlfabric", command, "--help"], **run)  # type: ignore[call-overload]
+        proc = run("-m", "nvlfabric", command, "--help")
         assert proc.returncode == 0 and f"python -m nvlfabric {command}" in proc.stdout, proc.stderr
     probe = ("import importlib.util as u, nvlfabric; "
              "print(nvlfabric.__file__); "
              "print(*[m for m in ('pulumi', 'pulumi_kubernetes', 'cryptography', 'components', 'provider', 'sim', "
              "'nodeagent', 'kubeletapi') if u.find_spec(m)])")
-    proc = subprocess.run([str(python), "-c", probe], **run)  # type: ignore[call-overload]
-    where, present = (proc.stdout.splitlines() + ["", ""])[:2]
+    proc = run("-c", probe)
+    where, present = [*proc.stdout.splitlines(), "", ""][:2]
     assert proc.returncode == 0 and where.startswith(str(tmp_path / "venv")), proc.stdout + proc.stderr
     assert present == "", f"the node image would carry {present}"
     # A platform program's import fails with what to install, not a bare ModuleNotFoundError.
-    proc = subprocess.run([str(python), "-c", "from nvlfabric import ComputeDomain"], **run)  # type: ignore[call-overload]
+    proc = run("-c", "from nvlfabric import ComputeDomain")
     assert proc.returncode != 0 and "pip install 'nvlfabric[pulumi]'" in proc.stderr
     print(f"nvlfabric[node] site-packages: {_site_packages_mb(tmp_path / 'venv'):.1f} MB")
