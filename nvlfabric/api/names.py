@@ -25,6 +25,22 @@ AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
 """An agent's field manager is this plus its node name: it owns its node's status entries."""
 CONTROLLER_FIELD_MANAGER: Final = "nvlfabric-controller"
 
+# -- CDI and IMEX channel device nodes -------------------------------------------------------------
+# The node agent writes claim specs and channel nodes by these; the kubelet's runtime (and the
+# simulator's stand-ins for the kubelet and the node) read them.
+
+CDI_VENDOR: Final = f"k8s.{DRIVER}"
+"""The CDI vendor of our claim specs (the `k8s.<driver>` convention of DRA drivers)."""
+CDI_CLASS: Final = "claim"
+CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
+"""`k8s.channel.nvlfabric.io/claim`: the kind of every CDI device id the agent returns."""
+CDI_SPEC_PREFIX: Final = f"{CDI_VENDOR}-{CDI_CLASS}_"
+"""A claim's transient spec file is this, the claim UID, `.json` (CDI's `vendor-class_<id>`)."""
+IMEX_CHANNEL_DEVICE: Final = "nvidia-caps-imex-channels"
+"""The character device the driver registers for IMEX channels (its major is in /proc/devices)."""
+IMEX_CHANNEL_DIR: Final = "/dev/nvidia-caps-imex-channels"
+"""Where channel N's node lives: `<dir>/channel<N>` (in the container, and under a driver root)."""
+
 # -- label, annotation and gate keys ----------------------------------------------------------------
 
 CLIQUE_LABEL: Final = "nvlfabric.io/clique"

@@ -39,8 +39,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvlfabric.api import names
 from nvlfabric.api.kubelet.cdi import ContainerEdits, Device, DeviceNode, Spec
-from nvlfabric.api.names import DRIVER, IMEX_CHANNEL_COUNT
+from nvlfabric.api.names import IMEX_CHANNEL_COUNT
 from nvlfabric.nodeagent import files
 
 __all__ = [
@@ -67,14 +68,14 @@ __all__ = [
     "write_claim_spec",
 ]
 
-VENDOR = f"k8s.{DRIVER}"
-CLASS = "claim"
-KIND = f"{VENDOR}/{CLASS}"
+VENDOR = names.CDI_VENDOR
+CLASS = names.CDI_CLASS
+KIND = names.CDI_KIND
 CDI_VERSION = "0.5.0"
 
-CHANNEL_DEVICE_NAME = "nvidia-caps-imex-channels"
+CHANNEL_DEVICE_NAME = names.IMEX_CHANNEL_DEVICE
 """The character device the driver registers (dynamic major, read from /proc/devices)."""
-CHANNEL_DEVICE_DIR = "/dev/nvidia-caps-imex-channels"
+CHANNEL_DEVICE_DIR = names.IMEX_CHANNEL_DIR
 
 ENV_COMPUTE_DOMAIN = "NVLFABRIC_COMPUTE_DOMAIN"
 ENV_CHANNEL = "NVLFABRIC_IMEX_CHANNEL"
@@ -108,7 +109,7 @@ def _check_uid(claim_uid: str) -> str:
 
 def spec_file_name(claim_uid: str) -> str:
     """`k8s.channel.nvlfabric.io-claim_<claimUID>.json`."""
-    return f"{VENDOR}-{CLASS}_{_check_uid(claim_uid)}.json"
+    return f"{names.CDI_SPEC_PREFIX}{_check_uid(claim_uid)}.json"
 
 
 def device_name(claim_uid: str, channels: Sequence[int]) -> str:
@@ -179,7 +180,7 @@ def remove_claim_spec(cdi_dir: str | os.PathLike[str], claim_uid: str) -> bool:
 
 def claim_spec_uids(cdi_dir: str | os.PathLike[str]) -> list[str]:
     """UIDs of the claims whose spec file is in `cdi_dir` (what is on disk, whatever the checkpoint says)."""
-    prefix, suffix = f"{VENDOR}-{CLASS}_", ".json"
+    prefix, suffix = names.CDI_SPEC_PREFIX, ".json"
     return sorted(p.name[len(prefix):-len(suffix)] for p in Path(cdi_dir).glob(f"{prefix}*{suffix}")
                   if _UID.match(p.name[len(prefix):-len(suffix)]))
 
@@ -272,7 +273,7 @@ def remove_temp_files(cdi_dir: str | os.PathLike[str], driver_root: str | os.Pat
     `.<our spec file>.*.tmp` in the CDI dir and `.channel<N>.*.tmp` beside the channel nodes. Never
     read as specs (they do not end in `.json`), but they would pile up."""
     removed: list[Path] = []
-    candidates = [*Path(cdi_dir).glob(f".{VENDOR}-{CLASS}_*.json.*.tmp"),
+    candidates = [*Path(cdi_dir).glob(f".{names.CDI_SPEC_PREFIX}*.json.*.tmp"),
                   *host_channel_path(driver_root, 0).parent.glob(".channel*.tmp")]
     for path in candidates:
         with contextlib.suppress(OSError):

@@ -135,7 +135,7 @@ def proc_devices_text() -> str:
         "Character devices:\n"
         "  1 mem\n  4 /dev/vc/0\n  4 tty\n  5 /dev/tty\n  5 /dev/console\n 10 misc\n"
         "195 nvidia-frontend\n"
-        f"{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n"
+        f"{IMEX_CHANNELS_MAJOR} {names.IMEX_CHANNEL_DEVICE}\n"
         f"{NVIDIA_CAPS_MAJOR} nvidia-caps\n"
         "509 nvidia-uvm\n"
         "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n"
