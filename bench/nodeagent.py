@@ -54,8 +54,9 @@ from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
 from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
+from nvlfabric.controller import pools  # noqa: E402
+from nvlfabric.sim import agenthost as ap  # noqa: E402
 from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports  # noqa: E402
-from tests.nodeagent import agentproc as ap  # noqa: E402
 
 PORTS = Ports(etcd_client=63791, etcd_peer=63801, apiserver=56445, scheduler=60260)
 RESULTS = REPO / "bench" / "results" / "nodeagent.json"
@@ -146,7 +147,8 @@ def run(tmp: Path, results: dict[str, float]) -> None:
     host: ap.Host | None = None
     try:
         host = ap.make_host(tmp / "host", range(245, 250))  # apart from cp/: remove_host deletes it
-        ap.register(client, host, channels=CLAIMS)
+        ap.register(client, host)
+        pools.apply(client, host.clique, channels=CLAIMS)  # what the controller would publish
         t0 = time.monotonic()
         claims = make_claims(client, host)
         results["setup_claims_s"] = time.monotonic() - t0

@@ -1,73 +1,11 @@
-"""Small helpers shared by tests that talk to the real API server."""
+"""Small helpers shared by tests that talk to the real API server.
+
+They live in the simulator room, `nvlfabric.sim.cluster` (the node agent harness and the benchmarks
+use them too, and benchmarks import no test helpers); this module is the tests' name for them.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import time
-from collections.abc import Callable
-from typing import TypeVar
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 
-import yaml
-from lightkube import ApiError, Client
-from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.models.core_v1 import NodeAddress, NodeCondition, NodeSpec, NodeStatus
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
-
-from nvlfabric import manifests
-
-T = TypeVar("T")
-
-
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll until probe returns something truthy; fail naming what was awaited and the last value."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]], *,
-                     addresses: dict[str, str] | None = None) -> None:
-    """Nodes as a healthy kubelet leaves them (Ready, Lease), waited until the node-lifecycle
-    controller lifted the not-ready taint, so the scheduler may use them."""
-    now = datetime.datetime.now(datetime.UTC)
-    for name, labels in labels_by_name.items():
-        client.create(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **labels}),
-                           spec=NodeSpec()))
-        client.patch(Node.Status, name, {"status": NodeStatus(
-            capacity={"cpu": "8", "memory": "8Gi", "pods": "110"},
-            allocatable={"cpu": "8", "memory": "8Gi", "pods": "110"},
-            conditions=[NodeCondition(type="Ready", status="True", reason="KubeletReady", lastHeartbeatTime=now,
-                                      lastTransitionTime=now)],
-            addresses=[NodeAddress(type="InternalIP", address=addresses[name])] if addresses else None).to_dict()})
-        client.create(Lease(metadata=ObjectMeta(name=name, namespace="kube-node-lease"),
-                            spec=LeaseSpec(holderIdentity=name, leaseDurationSeconds=40, renewTime=now)))
-    eventually("the node-lifecycle controller to untaint the new nodes",
-               lambda: all(not client.get(Node, n).spec.taints for n in labels_by_name) or None)
-
-
-def delete_nodes(client: Client, names: list[str]) -> None:
-    for name in names:
-        with contextlib.suppress(ApiError):
-            client.delete(Node, name)
-        with contextlib.suppress(ApiError):
-            client.delete(Lease, name, namespace="kube-node-lease")
-
-
-def install_crd(client: Client) -> None:
-    """Apply the ComputeDomain CRD (idempotent) and wait until it is Established."""
-    crd = yaml.safe_load(manifests.read(manifests.CRD_FILE))
-    client.patch(CustomResourceDefinition, crd["metadata"]["name"], crd, patch_type=PatchType.APPLY,
-                 field_manager="nvlfabric-tests", force=True)
-    eventually("the ComputeDomain CRD to be Established", lambda: any(
-        c.type == "Established" and c.status == "True"
-        for c in (client.get(CustomResourceDefinition, crd["metadata"]["name"]).status.conditions or [])))
+__all__ = ["delete_nodes", "eventually", "install_crd", "make_ready_nodes"]

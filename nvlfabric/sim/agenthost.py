@@ -1,9 +1,17 @@
 """The node agent as the kubelet sees it: a separate process (`python -m nvlfabric agent`, the real
 entry point) on a simulated node, and a kubelet-side gRPC client for its DRA socket.
 
-Shared by the crash and fuzz tests and by bench/nodeagent.py. A host is one simulated GB200 node
-with its own NVML topology (a random cluster UUID, so its clique is unique in a shared cluster),
-the NVML/IMEX stand-ins in its driver root, a boot id file, and its Node object in the API server.
+A host is one simulated GB200 node with its own NVML topology (a random cluster UUID, so its clique
+is unique in a shared cluster), the NVML/IMEX stand-ins in its driver root, a boot id file, and its
+Node object in the API server.
+
+It lives in the simulator room because it stands in for the node and the kubelet around one agent,
+and the crash and fuzz tests and bench/nodeagent.py all drive it (benchmarks import no test
+helpers). Like the rest of the simulator it knows the agent only by its command line and the
+contract (`nvlfabric.api.names`: paths, CDI and pool names), never by importing the node agent or
+the controller. The clique's channel pool is the controller's part: callers publish it with
+`nvlfabric.controller.pools.apply(client, host.clique, channels=N)` after `register`, and withdraw
+it with `pools.withdraw` after `unregister`.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 from lightkube import ApiError, Client
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
@@ -42,19 +52,18 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 from lightkube.types import PatchType
 
+from nvlfabric.api import computedomain as cdapi
+from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from nvlfabric.api.names import DRIVER
-from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.nodeagent import cdi
+from nvlfabric.api.names import CLIQUE_LABEL, DEVICE_CLASS, DRIVER
 from nvlfabric.sim import hardware
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.nodes import SimNode, rack_nodes
 from nvlfabric.sim.nvml import topology
-from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
+from nvlfabric.sim.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
-CLASS = "imex-channel.nvlfabric.io"
+ComputeDomainResource = create_namespaced_resource(names.GROUP, cdapi.VERSION, cdapi.KIND, cdapi.PLURAL)
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class Host:
 
     @property
     def channel_dir(self) -> Path:
-        return self.node.driver_root / cdi.CHANNEL_DEVICE_DIR.lstrip("/")
+        return self.node.driver_root / names.IMEX_CHANNEL_DIR.lstrip("/")
 
     @property
     def imex_workdir(self) -> Path:
@@ -110,7 +119,7 @@ class Host:
 
     def cdi_specs(self) -> dict[str, Path]:
         """Claim UID → our spec file in the dynamic CDI dir."""
-        prefix = f"{cdi.VENDOR}-{cdi.CLASS}_"
+        prefix = names.CDI_SPEC_PREFIX
         return {p.name.removeprefix(prefix).removesuffix(".json"): p
                 for p in self.cdi_dir.glob(f"{prefix}*.json")}
 
@@ -212,22 +221,21 @@ def make_host(state: Path, racks: range) -> Host:
     return host
 
 
-def register(client: Client, host: Host, *, channels: int) -> None:
-    """The cluster side a running driver would have made: CRD, Node (Ready, in the clique), the
-    clique's channel pool, the DeviceClass."""
+def register(client: Client, host: Host) -> None:
+    """The cluster side a running driver would have made, but for the clique's channel pool (the
+    controller's, which the caller publishes): CRD, Node (Ready, in the clique), the DeviceClass."""
     install_crd(client)
     delete_nodes(client, [host.node.name])
-    make_ready_nodes(client, {host.node.name: {pools.CLIQUE_LABEL: host.clique}},
+    make_ready_nodes(client, {host.node.name: {CLIQUE_LABEL: host.clique}},
                      addresses={host.node.name: host.node.address})
-    pools.apply(client, host.clique, channels=channels)
     with contextlib.suppress(ApiError):
-        client.create(DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(selectors=[
+        client.create(DeviceClass(metadata=ObjectMeta(name=DEVICE_CLASS), spec=DeviceClassSpec(selectors=[
             DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{DRIVER}"'))])))
 
 
 def unregister(client: Client, host: Host) -> None:
+    """The host's Node (the caller withdraws the clique's pool)."""
     delete_nodes(client, [host.node.name])
-    pools.withdraw(client, host.clique)
 
 
 def remove_host(host: Host) -> None:
@@ -238,15 +246,24 @@ def remove_host(host: Host) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _uid(obj: Any) -> str:
+    """The UID the API server gave `obj` (a created object always has one)."""
+    assert obj.metadata is not None and obj.metadata.uid is not None, f"{obj!r} has no UID"
+    return str(obj.metadata.uid)
+
+
 def claim_spec(parameters: object) -> ResourceClaimSpec:
+    """A channel claim of our DeviceClass with `parameters` as its opaque config: anything, not only
+    a mapping, since the agent must refuse malformed configs (the model does not check)."""
     return ResourceClaimSpec(devices=DeviceClaim(
-        requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(deviceClassName=CLASS))],
-        config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(driver=DRIVER, parameters=parameters))]))
+        requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(deviceClassName=DEVICE_CLASS))],
+        config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(
+            driver=DRIVER, parameters=cast("dict[str, Any]", parameters)))]))
 
 
 def compute_domain(client: Client, name: str, namespace: str = "default") -> ChannelConfig:
     cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace=namespace), spec={}))
-    return ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace=namespace, uid=cd.metadata.uid))
+    return ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace=namespace, uid=_uid(cd)))
 
 
 def scheduled_claim(client: Client, host: Host, name: str, parameters: object | None = None,
@@ -261,7 +278,7 @@ def scheduled_claim(client: Client, host: Host, name: str, parameters: object | 
         resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
         containers=[Container(name="w", image="registry.invalid/w:1",
                               resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
-    return Claim(namespace, f"{name}-channel", claim.metadata.uid)
+    return Claim(namespace, f"{name}-channel", _uid(claim))
 
 
 def allocated_claim(client: Client, host: Host, name: str, parameters: object, *, channel: int,
@@ -272,31 +289,37 @@ def allocated_claim(client: Client, host: Host, name: str, parameters: object, *
                                         spec=claim_spec(parameters)))
     client.patch(ResourceClaim.Status, name, {"status": {"allocation": allocation(host, channel, parameters)}},
                  namespace=namespace, patch_type=PatchType.MERGE)
-    return Claim(namespace, name, claim.metadata.uid)
+    return Claim(namespace, name, _uid(claim))
 
 
 def allocation(host: Host, channel: int, parameters: object) -> dict[str, object]:
     """`status.allocation` of a claim given `channel` of the host's clique pool, with the claim's
     opaque config, as the scheduler writes it."""
     return {"devices": {
-        "results": [{"request": "channel", "driver": DRIVER, "pool": pools.pool_name(host.clique),
-                     "device": f"channel-{channel}"}],
+        "results": [{"request": "channel", "driver": DRIVER, "pool": names.pool_name(host.clique),
+                     "device": names.channel_device(channel)}],
         "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]},
         "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": pools.CLIQUE_LABEL, "operator": "In", "values": [host.clique]}]}]}}
+            {"key": CLIQUE_LABEL, "operator": "In", "values": [host.clique]}]}]}}
 
 
 def wait_allocated(client: Client, claims: Sequence[Claim], timeout: float = 120) -> None:
     for c in claims:
-        eventually(f"claim {c.ref} to be allocated", lambda c=c: client.get(
-            ResourceClaim, c.name, namespace=c.namespace).status.allocation, timeout=timeout)
+        def allocated(c: Claim = c) -> object:
+            status = client.get(ResourceClaim, c.name, namespace=c.namespace).status
+            return status.allocation if status else None
+
+        eventually(f"claim {c.ref} to be allocated", allocated, timeout=timeout)
 
 
 def delete_domain(client: Client, name: str, namespace: str = "default") -> None:
-    for kind, n, kw in ((Pod, f"{name}-0", {"grace_period": 0}), (ResourceClaim, f"{name}-channel", {}),
-                        (ComputeDomainResource, name, {})):
-        with contextlib.suppress(ApiError):
-            client.delete(kind, n, namespace=namespace, **kw)  # type: ignore[arg-type]
+    """The domain's pod, claim and ComputeDomain (as scheduled_claim made them), those that exist."""
+    with contextlib.suppress(ApiError):
+        client.delete(Pod, f"{name}-0", namespace=namespace, grace_period=0)
+    with contextlib.suppress(ApiError):
+        client.delete(ResourceClaim, f"{name}-channel", namespace=namespace)
+    with contextlib.suppress(ApiError):
+        client.delete(ComputeDomainResource, name, namespace=namespace)
 
 
 class AgentProcess:

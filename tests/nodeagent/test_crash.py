@@ -42,10 +42,11 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from nvlfabric.controller import pools
 from nvlfabric.nodeagent import cdi, checkpoint
+from nvlfabric.sim import agenthost as ap
 from tests.conftest import Cluster
 from tests.kube import eventually
-from tests.nodeagent import agentproc as ap
 
 pytestmark = pytest.mark.cluster
 SEED = int(os.environ.get("NVLFABRIC_CRASH_SEED") or random.SystemRandom().randrange(2**32))
@@ -71,7 +72,8 @@ def node(cluster: Cluster) -> Iterator[Node]:
     client = cluster.client
     state = Path(tempfile.mkdtemp(prefix="nvlc-", dir="/tmp"))
     host = ap.make_host(state, RACKS)
-    ap.register(client, host, channels=CLAIMS + 2)
+    ap.register(client, host)
+    pools.apply(client, host.clique, channels=CLAIMS + 2)  # what the controller would publish
     names = [f"crash-{os.urandom(3).hex()}-{i}" for i in range(CLAIMS)]
     agent = ap.AgentProcess(host, cluster.kubeconfig, resync_seconds=1.0)
     try:
@@ -88,6 +90,7 @@ def node(cluster: Cluster) -> Iterator[Node]:
         for n in names:
             ap.delete_domain(client, n)
         ap.unregister(client, host)
+        pools.withdraw(client, host.clique)
         ap.remove_host(host)
 
 

@@ -25,11 +25,12 @@ from lightkube import ApiError, Client
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api.kubelet import dra_v1_pb2
+from nvlfabric.controller import pools
 from nvlfabric.nodeagent import checkpoint
 from nvlfabric.nodeagent.driver import claim_name
 from nvlfabric.nodeagent.server import ClaimRef
+from nvlfabric.sim import agenthost as ap
 from tests.conftest import Cluster
-from tests.nodeagent import agentproc as ap
 
 pytestmark = pytest.mark.cluster
 RACKS = range(240, 245)  # loopback addresses 127.10.<rack>.1: the first one free
@@ -63,7 +64,8 @@ def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
     client = cluster.client
     state = Path(tempfile.mkdtemp(prefix="nvlf-", dir="/tmp"))
     host = ap.make_host(state, RACKS)
-    ap.register(client, host, channels=CHANNELS)
+    ap.register(client, host)
+    pools.apply(client, host.clique, channels=CHANNELS)  # what the controller would publish
     agent = ap.AgentProcess(host, cluster.kubeconfig)
     kubelet = ap.Kubelet(host.endpoint)
     created: list[str] = []
@@ -90,6 +92,7 @@ def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
         for name in created:
             ap.delete_domain(client, name)
         ap.unregister(client, host)
+        pools.withdraw(client, host.clique)
         ap.remove_host(host)
 
 

@@ -91,21 +91,21 @@ class FakePlugin:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         plugin = self
 
-        class V1(dra_v1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+        class V1(dra_v1_pb2_grpc.DRAPluginServicer):
             def NodePrepareResources(self, request: Any, context: Any) -> Any:
                 return plugin._prepare(dra_v1_pb2, request, "v1")
 
             def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
                 return plugin._unprepare(dra_v1_pb2, request, "v1")
 
-        class V1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+        class V1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
             def NodePrepareResources(self, request: Any, context: Any) -> Any:
                 return plugin._prepare(dra_v1beta1_pb2, request, "v1beta1")
 
             def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
                 return plugin._unprepare(dra_v1beta1_pb2, request, "v1beta1")
 
-        class Registration(pluginregistration_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+        class Registration(pluginregistration_pb2_grpc.RegistrationServicer):
             def GetInfo(self, request: Any, context: Any) -> Any:
                 return pluginregistration_pb2.PluginInfo(type="DRAPlugin", name=plugin.driver,
                                                          endpoint=str(plugin.endpoint),

@@ -1,0 +1,93 @@
+"""Cluster objects a test or benchmark puts into the API server by hand, standing in for the parts
+of a cluster that are not running: the ComputeDomain CRD as an install applies it, Nodes (and their
+Leases) as a healthy kubelet leaves them; and `eventually`, the poll every such set-up waits with.
+
+It lives in the simulator room, beside the control plane and the node stand-ins, because the tests
+(through tests/kube.py), the agent harness (nvlfabric/sim/agenthost.py) and the benchmarks all use
+it: benchmarks use nvlfabric as a user would and import no test helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import yaml
+from lightkube import ApiError, Client
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import NodeAddress, NodeCondition, NodeSpec, NodeStatus
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from nvlfabric import manifests
+
+T = TypeVar("T")
+
+FIELD_MANAGER = "nvlfabric-sim"
+
+
+def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
+    """Poll until probe returns something truthy; fail (AssertionError, so a test reports it as its
+    failure) naming what was awaited and the last value."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def install_crd(client: Client) -> None:
+    """Apply the ComputeDomain CRD from nvlfabric.manifests (idempotent) and wait until it is
+    Established, so ComputeDomains can be created right away."""
+    crd = yaml.safe_load(manifests.read(manifests.CRD_FILE))
+    client.patch(CustomResourceDefinition, crd["metadata"]["name"], crd, patch_type=PatchType.APPLY,
+                 field_manager=FIELD_MANAGER, force=True)
+
+    def established() -> bool:
+        status = client.get(CustomResourceDefinition, crd["metadata"]["name"]).status
+        conditions = (status.conditions if status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    eventually("the ComputeDomain CRD to be Established", established)
+
+
+def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]], *,
+                     addresses: dict[str, str] | None = None) -> None:
+    """Nodes as a healthy kubelet leaves them (Ready, Lease), waited until the node-lifecycle
+    controller lifted the not-ready taint, so the scheduler may use them."""
+    now = datetime.datetime.now(datetime.UTC)
+    for name, labels in labels_by_name.items():
+        client.create(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **labels}),
+                           spec=NodeSpec()))
+        client.patch(Node.Status, name, {"status": NodeStatus(
+            capacity={"cpu": "8", "memory": "8Gi", "pods": "110"},
+            allocatable={"cpu": "8", "memory": "8Gi", "pods": "110"},
+            conditions=[NodeCondition(type="Ready", status="True", reason="KubeletReady", lastHeartbeatTime=now,
+                                      lastTransitionTime=now)],
+            addresses=[NodeAddress(type="InternalIP", address=addresses[name])] if addresses else None).to_dict()})
+        client.create(Lease(metadata=ObjectMeta(name=name, namespace="kube-node-lease"),
+                            spec=LeaseSpec(holderIdentity=name, leaseDurationSeconds=40, renewTime=now)))
+
+    def untainted() -> bool:
+        specs = [client.get(Node, n).spec for n in labels_by_name]
+        return all(spec is None or not spec.taints for spec in specs)
+
+    eventually("the node-lifecycle controller to untaint the new nodes", untainted)
+
+
+def delete_nodes(client: Client, names: list[str]) -> None:
+    """The Nodes and their Leases, those that exist."""
+    for name in names:
+        with contextlib.suppress(ApiError):
+            client.delete(Node, name)
+        with contextlib.suppress(ApiError):
+            client.delete(Lease, name, namespace="kube-node-lease")
