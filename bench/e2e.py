@@ -87,7 +87,7 @@ from nvlfabric.sim.controlplane import ControlPlane, free_ports  # noqa: E402
 from nvlfabric.sim.kubelet.plugins import registry_sockets  # noqa: E402
 from nvlfabric.sim.nodes import runtime_root  # noqa: E402
 from nvlfabric.sim.nvml.topology import rack_name  # noqa: E402
-from tests.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
+from nvlfabric.sim.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "e2e.json"
 FIXTURE = REPO / "bench" / "fixtures" / "e2e"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.pulumi_cli import project_from_fixture
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "stacks" / "gb200"
 

@@ -15,8 +15,8 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass
 
+from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.pulumi_cli import project_from_fixture
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 FIXTURE = Path(__file__).parent / "fixtures" / "offline_stack"

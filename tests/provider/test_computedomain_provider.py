@@ -42,8 +42,8 @@ from nvlfabric.provider.computedomain import (
     compute_diff,
     in_use_message,
 )
+from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.pulumi_cli import project_from_fixture
 
 NS = "default"
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"

@@ -1,4 +1,5 @@
-"""Running the real Pulumi CLI from tests, offline, against the test control plane."""
+"""Running the real Pulumi CLI offline against a simulator's control plane: what tests, benchmarks and the
+demo share (a project copied from a fixture, the offline environment, a runner that says what failed)."""
 
 from __future__ import annotations
 
