@@ -59,8 +59,8 @@ from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.controller.reservations import UNGATE_PATCH, PendingPod, reservation_patch
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
 pytestmark = pytest.mark.cluster
 NAMESPACE = names.NAMESPACE

@@ -44,8 +44,8 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
+from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
-from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 DRIVER = "gpu.test.nvlfabric.io"

@@ -40,8 +40,8 @@ from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim import faults
+from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
-from tests.kube import eventually, install_crd
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent

@@ -46,13 +46,8 @@ from nvlfabric.nodeagent import files
 
 __all__ = [
     "CDI_VERSION",
-    "CHANNEL_DEVICE_DIR",
-    "CHANNEL_DEVICE_NAME",
-    "CLASS",
     "ENV_CHANNEL",
     "ENV_COMPUTE_DOMAIN",
-    "KIND",
-    "VENDOR",
     "MajorNotFound",
     "SpecWrite",
     "channel_device_node",
@@ -68,14 +63,8 @@ __all__ = [
     "write_claim_spec",
 ]
 
-VENDOR = names.CDI_VENDOR
-CLASS = names.CDI_CLASS
-KIND = names.CDI_KIND
 CDI_VERSION = "0.5.0"
 
-CHANNEL_DEVICE_NAME = names.IMEX_CHANNEL_DEVICE
-"""The character device the driver registers (dynamic major, read from /proc/devices)."""
-CHANNEL_DEVICE_DIR = names.IMEX_CHANNEL_DIR
 
 ENV_COMPUTE_DOMAIN = "NVLFABRIC_COMPUTE_DOMAIN"
 ENV_CHANNEL = "NVLFABRIC_IMEX_CHANNEL"
@@ -121,7 +110,7 @@ def device_name(claim_uid: str, channels: Sequence[int]) -> str:
 
 def channel_path(channel: int) -> str:
     """The channel's device node path (in the container, and under the driver root on the host)."""
-    return f"{CHANNEL_DEVICE_DIR}/channel{channel}"
+    return f"{names.IMEX_CHANNEL_DIR}/channel{channel}"
 
 
 def claim_spec(*, claim_uid: str, channels: Sequence[int], major: int, compute_domain: str) -> Spec:
@@ -133,7 +122,7 @@ def claim_spec(*, claim_uid: str, channels: Sequence[int], major: int, compute_d
         device_nodes=nodes,
     )
     device = Device(name=device_name(claim_uid, chosen), container_edits=edits)
-    return Spec(cdi_version=CDI_VERSION, kind=KIND, devices=[device])
+    return Spec(cdi_version=CDI_VERSION, kind=names.CDI_KIND, devices=[device])
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.components import ComponentArgsError, Nvl72Rack
 from nvlfabric.provider import racks
+from nvlfabric.sim.cluster import delete_nodes, make_ready_nodes
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, make_ready_nodes
 
 A, B = "0b6a3ad6-0d1e-4c6e-9d2c-6f0e1f2a3b4c.1", "0b6a3ad6-0d1e-4c6e-9d2c-6f0e1f2a3b4c.2"
 

@@ -47,8 +47,8 @@ from nvlfabric.controller.reservations import (
     to_reserve,
 )
 from nvlfabric.provider.computedomain import channel_claim
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
 T0 = datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.UTC)
 

@@ -35,8 +35,8 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
 from nvlfabric.controller import pools
+from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, eventually, make_ready_nodes
 
 
 def apply_in_memory(store: dict[str, ResourceSlice], p: pools.Plan) -> None:

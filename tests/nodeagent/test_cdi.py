@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from nvlfabric.api import names
 from nvlfabric.api.kubelet.cdi import DeviceNode, Spec
 from nvlfabric.nodeagent import cdi
 from nvlfabric.sim.kubelet.cdi import UnresolvableDevices, load, resolve
@@ -129,7 +130,7 @@ def test_claim_uids_that_cannot_name_a_device_are_refused(uid: str) -> None:
 
 
 def test_names_follow_the_documented_layout() -> None:
-    assert cdi.KIND == "k8s.channel.nvlfabric.io/claim" and cdi.VENDOR == "k8s.channel.nvlfabric.io"
+    assert names.CDI_KIND == "k8s.channel.nvlfabric.io/claim" and names.CDI_VENDOR == "k8s.channel.nvlfabric.io"
     assert cdi.spec_file_name("u") == "k8s.channel.nvlfabric.io-claim_u.json"
     assert cdi.device_name("u", [2047]) == "u-channel-2047"
     assert cdi.device_name("u", [1, 2]) == "u-channels"
@@ -142,7 +143,7 @@ def test_names_follow_the_documented_layout() -> None:
 def test_the_major_comes_from_the_character_devices_section(tmp_path: Path) -> None:
     path = tmp_path / "devices"
     path.write_text(proc_devices_text())
-    assert cdi.read_major(path, cdi.CHANNEL_DEVICE_NAME) == IMEX_CHANNELS_MAJOR
+    assert cdi.read_major(path, names.IMEX_CHANNEL_DEVICE) == IMEX_CHANNELS_MAJOR
     assert cdi.read_major(path, "nvidia-caps") == NVIDIA_CAPS_MAJOR
     assert cdi.read_major(path, "/dev/vc/0") == 4
     with pytest.raises(cdi.MajorNotFound, match=r"no character device 'sd'"):
@@ -153,12 +154,12 @@ def test_a_missing_driver_or_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "devices"
     path.write_text("Character devices:\n  1 mem\n\nBlock devices:\n  8 sd\n")
     with pytest.raises(cdi.MajorNotFound, match=r"nvidia-caps-imex-channels.*is the NVIDIA driver loaded"):
-        cdi.read_major(path, cdi.CHANNEL_DEVICE_NAME)
+        cdi.read_major(path, names.IMEX_CHANNEL_DEVICE)
     with pytest.raises(cdi.MajorNotFound, match=str(tmp_path / "nope")):
-        cdi.read_major(tmp_path / "nope", cdi.CHANNEL_DEVICE_NAME)
+        cdi.read_major(tmp_path / "nope", names.IMEX_CHANNEL_DEVICE)
     path.write_text("hello\n507 nvidia-caps-imex-channels\n")
     with pytest.raises(cdi.MajorNotFound, match="no 'Character devices:' section"):
-        cdi.read_major(path, cdi.CHANNEL_DEVICE_NAME)
+        cdi.read_major(path, names.IMEX_CHANNEL_DEVICE)
 
 
 device_names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=24).filter(
@@ -174,7 +175,7 @@ junk = st.lists(st.sampled_from(["", "   ", "garbage line", "12", "x 12 y", "# c
 def test_proc_devices_parsing_fuzz(tmp_path: Path, chars: list[tuple[int, str]], blocks: list[tuple[int, str]],
                                    major: int, where: str, lead: str, noise: list[str], trailing_blank: bool,
                                    position: int) -> None:
-    name = cdi.CHANNEL_DEVICE_NAME
+    name = names.IMEX_CHANNEL_DEVICE
     chars = [(m, n) for m, n in chars if n != name]
     blocks = [(m, n) for m, n in blocks if n != name]
     if where == "char":
@@ -198,7 +199,7 @@ def test_proc_devices_parsing_never_fails_unexpectedly(tmp_path: Path, text: str
     path = tmp_path / "devices"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     with contextlib.suppress(cdi.MajorNotFound):
-        assert cdi.read_major(path, cdi.CHANNEL_DEVICE_NAME) >= 0
+        assert cdi.read_major(path, names.IMEX_CHANNEL_DEVICE) >= 0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,11 +42,12 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from nvlfabric.api import names
 from nvlfabric.controller import pools
 from nvlfabric.nodeagent import cdi, checkpoint
 from nvlfabric.sim import agenthost as ap
+from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
-from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 SEED = int(os.environ.get("NVLFABRIC_CRASH_SEED") or random.SystemRandom().randrange(2**32))
@@ -385,7 +386,7 @@ def test_sigkill_at_random_moments_loses_no_claim_and_leaks_nothing(node: Node) 
     assert run.k.cycles >= CYCLES and run.k.kills["in call"] >= CYCLES // 20 and kills >= CYCLES // 10, run.k.kills
     print(f"\ncrash test: seed {SEED}, {run.k.cycles} prepare/unprepare cycles in {run.k.calls} calls, kills "
           f"{run.k.kills}, {node.agent.starts} agent starts, {time.monotonic() - t0:.0f} s")
-    assert not list(Path(host.cdi_dir).glob(f"{cdi.VENDOR}*"))
+    assert not list(Path(host.cdi_dir).glob(f"{names.CDI_VENDOR}*"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -493,7 +494,7 @@ def test_a_claim_allocated_anew_under_its_uid_is_prepared_anew(node: Node, clust
         kubelet.reconnect()
         moved = kubelet.prepare([c])[c.uid]
         assert not isinstance(moved, str) and moved[0]["device"] == f"channel-{new}", moved
-        assert moved[0]["cdi"] == [f"{cdi.KIND}={c.uid}-channel-{new}"]
+        assert moved[0]["cdi"] == [f"{names.CDI_KIND}={c.uid}-channel-{new}"]
         assert set(host.channel_nodes()) == {new} and set(host.cdi_specs()) == {c.uid}
         assert kubelet.prepare([c])[c.uid] == moved  # and the warm answer is the new one
         assert kubelet.unprepare([c]) == {c.uid: ""} and not host.channel_nodes() and not host.cdi_specs()

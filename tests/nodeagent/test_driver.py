@@ -35,6 +35,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
 from nvlfabric.api import computedomain as api
+from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
@@ -43,13 +44,13 @@ from nvlfabric.nodeagent import checkpoint, kubeapi
 from nvlfabric.nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import ClaimRef
 from nvlfabric.sim import hardware
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.kubelet import cdi as runtime_cdi
 from nvlfabric.sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
-from tests.kube import delete_nodes, eventually, install_crd, make_ready_nodes
 
 pytestmark = pytest.mark.cluster
-CLASS = "imex-channel.nvlfabric.io"
+CLASS = names.DEVICE_CLASS
 
 
 @dataclass

@@ -20,9 +20,9 @@ from lightkube import ApiError
 from lightkube.types import PatchType
 
 from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.sim.cluster import install_crd
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.kube import install_crd
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"

@@ -34,10 +34,10 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice
 
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet.fakeplugin import FakePlugin
 from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
-from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 RACK = 90  # a rack number of its own, so these nodes never collide with other tests'

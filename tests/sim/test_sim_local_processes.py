@@ -36,9 +36,9 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
 from nvlfabric.sim import faults
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
-from tests.kube import eventually
 
 pytestmark = pytest.mark.cluster
 RACK = 91
