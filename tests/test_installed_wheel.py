@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from lightkube import Client
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
@@ -32,7 +33,7 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
 from nvlfabric.sim.environment import simulator_env
-from nvlfabric.sim.nodes import rack_name
+from nvlfabric.sim.nvml.topology import rack_name
 from nvlfabric.sim.paths import load_tools
 from nvlfabric.sim.pulumi_cli import OFFLINE, PulumiProject
 from tests import installed
@@ -181,7 +182,14 @@ def test_a_platform_project_on_the_installed_wheel_runs_a_bound_job(
         proj.run("destroy", "--yes", "--skip-preview", timeout=300)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"destroy hung: {exc.output!r}\n{stuck_deletions(cp, client)}") from exc
-    assert not list(client.list(ComputeDomainResource, namespace="default"))
+    # The domain is gone, and the driver with the CRD: 404s (for the domain a Status while the API
+    # server still serves the kind, a bare 404 once it does not, which lightkube raises as the
+    # HTTPStatusError that ApiError derives from).
+    for res, name, ns in ((ComputeDomainResource, domain, "default"),
+                          (CustomResourceDefinition, "computedomains.nvlfabric.io", None)):
+        with pytest.raises(httpx2.HTTPStatusError) as err:
+            client.get(res, name, namespace=ns)
+        assert err.value.response.status_code == 404, (name, err.value)
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not list(client.list(Job, namespace="default"))
     assert not list(client.list(Pod, namespace="default"))
