@@ -61,7 +61,6 @@ from nvlfabric.sim import hardware
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.nodes import SimNode, rack_nodes
 from nvlfabric.sim.nvml import topology
-from nvlfabric.sim.paths import REPO
 
 ComputeDomainResource = create_namespaced_resource(names.GROUP, cdapi.VERSION, cdapi.KIND, cdapi.PLURAL)
 
@@ -352,15 +351,15 @@ class AgentProcess:
 
     def spawn(self) -> subprocess.Popen[bytes]:
         assert not self.alive, "the agent is already running"
-        env = {**os.environ, **hardware.node_env(self.host.state, self.host.node), "PYTHONPATH": str(REPO)}
+        env = {**os.environ, **hardware.node_env(self.host.state, self.host.node)}
         if self.in_cluster is not None:
             host, _, port = self.in_cluster[0].rpartition(":")
             env = {k: v for k, v in env.items() if k != "KUBECONFIG"}
             env.update(KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port)
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts} ---\n".encode())
-            self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.argv(), cwd=self.host.state, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
         return self.proc
 

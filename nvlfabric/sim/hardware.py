@@ -13,9 +13,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from nvlfabric.sim import paths
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.sim.nvml import faults, topology
-from nvlfabric.sim.paths import REPO
 
 #: Stand-in → the files its Makefile builds; the C sources ship inside the package (package data).
 STANDINS = {"nvml": ["libnvidia-ml.so.1"], "imex": ["nvidia-imex", "nvidia-imex-ctl"]}
@@ -27,8 +27,10 @@ class StandinsMissing(RuntimeError):
     pass
 
 
-def build_standins(build_dir: Path = REPO / "build") -> dict[str, Path]:
-    """Build (or confirm up to date) the C stand-ins; returns file name → built path."""
+def build_standins(build_dir: Path | None = None) -> dict[str, Path]:
+    """Build (or confirm up to date) the C stand-ins (into `paths.build_dir()` unless told); returns file
+    name → built path."""
+    build_dir = build_dir or paths.build_dir()
     out: dict[str, Path] = {}
     for name, files in STANDINS.items():
         target, src = build_dir / name, SOURCES / name

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-"""The checkout this module runs from (its `build/` holds the tool manifest `make tools` writes)."""
+"""Where the `nvlfabric` package sits: a checkout's root when run from one (its `build/` holds the
+tool manifest `make tools` writes), a site-packages directory when installed from the wheel."""
+
+
+def build_dir() -> Path:
+    """Where the simulator builds its C stand-ins: the checkout's `build/`, else the user's cache."""
+    if (REPO / "pyproject.toml").is_file():
+        return REPO / "build"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "nvlfabric" / "sim-build"
 
 
 def default_state_dir() -> Path:
@@ -46,7 +55,8 @@ def load_tools() -> Tools:
     try:
         data = json.loads(manifest.read_text())
     except FileNotFoundError:
-        raise ToolsMissing(f"no tool manifest at {manifest}; run `make tools` first") from None
+        raise ToolsMissing(f"no tool manifest at {manifest}; run `make tools` in an nvlfabric checkout first, "
+                           "or point $NVLFABRIC_TOOLS_MANIFEST at its build/tools.json") from None
     except ValueError as exc:
         raise ToolsMissing(f"tool manifest {manifest} is not valid JSON ({exc}); run `make tools` again") from None
     return Tools(bin_dir=Path(data["bin_dir"]), pulumi_home=Path(data["pulumi_home"]),
