@@ -108,7 +108,7 @@ def test_the_wheel_installs_nvlfabric_alone(platform_venv: Path) -> None:
 
 
 def platform_project(workdir: Path, venv: Path, kubeconfig: Path) -> PulumiProject:
-    """The platform repo's Pulumi project, in the offline environment of tests/pulumi_cli.py
+    """The platform repo's Pulumi project, in the offline environment of nvlfabric/sim/pulumi_cli.py
     (`simulator_env` + OFFLINE), with only the platform venv's Python on PATH."""
     workdir.mkdir()
     (workdir / "Pulumi.yaml").write_text(textwrap.dedent(f"""\
