@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from nvlfabric.api import names
+from nvlfabric.api.process import SettingsError
 from nvlfabric.components import NvlfabricDriverArgs
 from nvlfabric.components.driver import driver_objects
 from nvlfabric.controller import pools
-from nvlfabric.controller.__main__ import SettingsError, channels_per_clique, settings
+from nvlfabric.controller.__main__ import channels_per_clique, settings
 
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
 

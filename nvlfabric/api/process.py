@@ -46,3 +46,29 @@ def stop_on_signals() -> threading.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     return stop
+
+
+class SettingsError(ValueError):
+    """A setting is unusable; the message names the flag, its environment twin and what is allowed."""
+
+
+def whole_number(value: str, *, flag: str, env: str, low: int, high: int, why: str = "") -> int:
+    """`value` (a flag's or its environment twin's text) as an int in low..high, or a SettingsError."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = low - 1
+    if not low <= n <= high:
+        raise SettingsError(f"{flag} / ${env}: {value!r} is not a whole number in {low}..{high}{why}")
+    return n
+
+
+def seconds(value: str, *, flag: str, env: str) -> float:
+    """`value` as a positive number of seconds, or a SettingsError."""
+    try:
+        s = float(value)
+    except ValueError:
+        s = 0.0
+    if not 0 < s < float("inf"):
+        raise SettingsError(f"{flag} / ${env}: {value!r} is not a positive number of seconds")
+    return s

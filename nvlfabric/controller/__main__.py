@@ -19,10 +19,6 @@ log = logging.getLogger("nvlfabric.controller")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-class SettingsError(ValueError):
-    """A setting is unusable; the message names the flag, its environment twin and the fix."""
-
-
 @dataclass(frozen=True)
 class Settings:
     """What the controller runs with, checked once in `main`."""
@@ -49,17 +45,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def channels_per_clique(value: str) -> int:
-    """The pool size from its flag or environment value, or a `SettingsError` saying what is allowed."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= names.MAX_CHANNELS_PER_CLIQUE:
-        raise SettingsError(
-            f"--channels-per-clique / $CHANNELS_PER_CLIQUE: {value!r} is not a whole number in "
-            f"1..{names.MAX_CHANNELS_PER_CLIQUE} (channel 0 is never handed out, so a clique has at most "
-            f"{names.MAX_CHANNELS_PER_CLIQUE}); set NvlfabricDriver(channels_per_clique=...) within that range")
-    return n
+    """The pool size from its flag or environment value, or a `process.SettingsError` saying what is allowed."""
+    return process.whole_number(
+        value, flag="--channels-per-clique", env="CHANNELS_PER_CLIQUE", low=1, high=names.MAX_CHANNELS_PER_CLIQUE,
+        why=f" (channel 0 is never handed out, so a clique has at most {names.MAX_CHANNELS_PER_CLIQUE}); set "
+            "NvlfabricDriver(channels_per_clique=...) within that range")
 
 
 def settings(argv: list[str]) -> Settings:
@@ -71,7 +61,7 @@ def settings(argv: list[str]) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = settings(sys.argv[1:] if argv is None else argv)
-    except SettingsError as exc:
+    except process.SettingsError as exc:
         print(f"nvlfabric controller: {exc}", file=sys.stderr)
         return 2
     process.setup_logging(cfg.log_format)

@@ -12,65 +12,29 @@ downward API). The agent:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import cast
 
 from nvlfabric.api import errors, names, process
-from nvlfabric.api.computedomain import IMEXMode
 from nvlfabric.api.names import DRIVER
-from nvlfabric.nodeagent import checkpoint, discovery, health, kubeapi, metrics
+from nvlfabric.nodeagent import checkpoint, discovery, health, kubeapi, metrics, settings
 from nvlfabric.nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import DeviceHealth, PluginServer, SocketPaths
+from nvlfabric.nodeagent.settings import Settings
 
 log = logging.getLogger("nvlfabric.nodeagent")
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def env_default(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m nvlfabric agent", description=__doc__.splitlines()[0])
-    ap.add_argument("--node-name", default=env_default("NODE_NAME", ""), help="this Node's name ($NODE_NAME)")
-    ap.add_argument("--node-ip", default=env_default("NODE_IP", ""),
-                    help="this node's address for IMEX peers ($NODE_IP, the downward API's status.hostIP)")
-    ap.add_argument("--kubelet-root", type=Path, default=Path(env_default("KUBELET_ROOT", "/var/lib/kubelet")))
-    ap.add_argument("--cdi-root", type=Path, default=Path(env_default("CDI_ROOT", "/var/run/cdi")))
-    ap.add_argument("--driver-root", type=Path, default=Path(env_default("DRIVER_ROOT", "/run/nvidia/driver")),
-                    help="where the NVIDIA driver's files are (NVML library, nvidia-imex)")
-    ap.add_argument("--proc-devices", type=Path, default=Path(env_default("PROC_DEVICES", "/proc/devices")))
-    ap.add_argument("--boot-id", type=Path,
-                    default=Path(env_default("BOOT_ID_PATH", str(checkpoint.DEFAULT_BOOT_ID_PATH))))
-    ap.add_argument("--service-account-dir", default=env_default("SERVICE_ACCOUNT_DIR", SA_DIR),
-                    help="in-cluster credentials; --kubeconfig / $KUBECONFIG take precedence")
-    ap.add_argument("--kubeconfig", default=env_default("KUBECONFIG", ""))
-    ap.add_argument("--resync-seconds", type=float, default=float(env_default("RESYNC_SECONDS", "30")))
-    ap.add_argument("--imex-modes", default=env_default("IMEX_MODES", "CliqueScoped,Dedicated"),
-                    help="comma-separated IMEX modes this agent prepares claims for ($IMEX_MODES)")
-    ap.add_argument("--log-format", choices=["json", "text"], default=env_default("LOG_FORMAT", "json"))
-    ap.add_argument("--listen-address", default=env_default("LISTEN_ADDRESS", ""),
-                    help="address for the health and metrics ports (the pod IP; empty: all addresses)")
-    ap.add_argument("--health-port", type=int, default=int(env_default("HEALTH_PORT", "51515")),
-                    help="gRPC health service that checks the kubelet sockets; 0 disables")
-    ap.add_argument("--metrics-port", type=int, default=int(env_default("METRICS_PORT", "0")),
-                    help="Prometheus metrics (/metrics); 0 disables")
-    return ap
-
-
-def client_from(args: argparse.Namespace, manager: str) -> kubeapi.Client:
+def client_from(cfg: Settings, manager: str) -> kubeapi.Client:
     """The agent's own small client (nvlfabric/nodeagent/kubeapi.py: the agent's memory budget)."""
-    if args.kubeconfig:
-        return kubeapi.Client(kubeapi.from_kubeconfig(args.kubeconfig), field_manager=manager)
-    return kubeapi.Client(kubeapi.from_service_account(args.service_account_dir), field_manager=manager)
+    if cfg.kubeconfig:
+        return kubeapi.Client(kubeapi.from_kubeconfig(cfg.kubeconfig), field_manager=manager)
+    return kubeapi.Client(kubeapi.from_service_account(cfg.service_account_dir), field_manager=manager)
 
 
 FABRIC_CONDITION = "NVLinkFabricReady"
@@ -127,11 +91,8 @@ def tune_malloc() -> None:
     mallopt(m_trim_threshold, 256 * 1024)
 
 
-def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
+def run_agent(args: Settings, stop: threading.Event) -> int:
     tune_malloc()
-    if not args.node_name or not args.node_ip:
-        log.error("--node-name and --node-ip (or $NODE_NAME, $NODE_IP from the downward API) are required")
-        return 2
     client = client_from(args, f"nvlfabric-agent-{args.node_name}")
     try:
         found = discovery.discover(args.driver_root)
@@ -141,14 +102,8 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     label_node(client, args.node_name, found)
     paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
-    modes = {m.strip() for m in args.imex_modes.split(",") if m.strip()}
-    known = {m.value for m in IMEXMode}
-    if not modes or modes - known:
-        log.error("--imex-modes / $IMEX_MODES: %r is not a comma-separated list of %s", args.imex_modes,
-                  " and ".join(sorted(known)))
-        return 2
     driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths,
-                           imex_modes=frozenset(IMEXMode(m) for m in modes))
+                           imex_modes=args.imex_modes)
     sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
     current = {"found": found}
 
@@ -183,18 +138,18 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
     driver.housekeeping(clique=found.clique)
     health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
-    next_resync = time.monotonic() + args.resync_seconds
+    next_resync = time.monotonic() + args.resync_s
     try:
         # Wake every resync period, and every DEDICATED_SYNC_S while dedicated IMEX domains run here
         # (their membership changes as members join). A failed pass is logged and retried at the
         # next one: the API server being briefly away must not stop the agent.
-        while not stop.wait(min(args.resync_seconds, DEDICATED_SYNC_S) if driver.has_dedicated()
+        while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S) if driver.has_dedicated()
                             else max(0.0, next_resync - time.monotonic())):
             try:
                 if time.monotonic() < next_resync:
                     driver.sync_dedicated()
                     continue
-                next_resync = time.monotonic() + args.resync_seconds
+                next_resync = time.monotonic() + args.resync_s
                 try:
                     fresh = discovery.discover(args.driver_root)
                 except discovery.NvmlUnavailable as exc:
@@ -215,9 +170,13 @@ def run_agent(args: argparse.Namespace, stop: threading.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    process.setup_logging(args.log_format)
-    return run_agent(args, process.stop_on_signals())
+    try:
+        cfg = settings.parse(sys.argv[1:] if argv is None else argv)
+    except process.SettingsError as exc:
+        print(f"nvlfabric agent: {exc}", file=sys.stderr)
+        return 2
+    process.setup_logging(cfg.log_format)
+    return run_agent(cfg, process.stop_on_signals())
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     bad = proj.run("preview", check=False)
     assert bad.returncode != 0
     assert "NvlfabricDriver 'driver': invalid arguments" in bad.stdout, bad.stdout
-    assert "channels_per_clique: Input should be less than or equal to 2048 (got 5000)" in bad.stdout
+    assert "channels_per_clique: Input should be less than or equal to 2047 (got 5000)" in bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
     proj.run("config", "rm", "channels")
     proj.run("config", "set", "crdShapes", "true")

@@ -1,0 +1,103 @@
+"""The node agent's settings: one typed object, checked once in `main`.
+
+Every setting has a flag and an environment-variable twin (the DaemonSet sets the latter, some from
+the downward API). A bad value is one line naming the flag, its twin and what is allowed, and exit
+code 2, never a traceback from deep inside the start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvlfabric.api import process
+from nvlfabric.api.computedomain import IMEXMode
+from nvlfabric.api.process import SettingsError
+from nvlfabric.nodeagent import checkpoint
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_name: str
+    """This Node's name (the downward API's spec.nodeName)."""
+    node_ip: str
+    """This node's address for IMEX peers (the downward API's status.hostIP)."""
+    kubelet_root: Path
+    cdi_root: Path
+    driver_root: Path
+    """Where the NVIDIA driver's files are (NVML library, nvidia-imex)."""
+    proc_devices: Path
+    boot_id: Path
+    kubeconfig: str
+    """A kubeconfig file; empty: the pod's service account (`service_account_dir`)."""
+    service_account_dir: str
+    resync_s: float
+    """How often the fabric is re-read and housekeeping runs, in seconds (30: a fabric change shows
+    within half a minute, at a negligible cost)."""
+    imex_modes: frozenset[IMEXMode]
+    log_format: process.LogFormat
+    listen_address: str
+    """Address of the health and metrics ports (the pod IP; empty: all addresses)."""
+    health_port: int
+    """gRPC health service that checks the kubelet sockets; 0 disables."""
+    metrics_port: int
+    """Prometheus metrics (/metrics); 0 disables."""
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m nvlfabric agent",
+                                 description="The nvlfabric node agent: nvlfabric's DRA kubelet plugin.")
+
+    def opt(flag: str, var: str, default: str, text: str = "", **kw: object) -> None:
+        ap.add_argument(flag, default=env.get(var, default), help=f"{text} (${var})".lstrip(), **kw)  # type: ignore[arg-type]
+
+    opt("--node-name", "NODE_NAME", "", "this Node's name")
+    opt("--node-ip", "NODE_IP", "", "this node's address for IMEX peers (the downward API's status.hostIP)")
+    opt("--kubelet-root", "KUBELET_ROOT", "/var/lib/kubelet")
+    opt("--cdi-root", "CDI_ROOT", "/var/run/cdi")
+    opt("--driver-root", "DRIVER_ROOT", "/run/nvidia/driver", "where the NVIDIA driver's files are")
+    opt("--proc-devices", "PROC_DEVICES", "/proc/devices")
+    opt("--boot-id", "BOOT_ID_PATH", str(checkpoint.DEFAULT_BOOT_ID_PATH))
+    opt("--service-account-dir", "SERVICE_ACCOUNT_DIR", SA_DIR, "in-cluster credentials; --kubeconfig wins")
+    opt("--kubeconfig", "KUBECONFIG", "")
+    opt("--resync-seconds", "RESYNC_SECONDS", "30")
+    opt("--imex-modes", "IMEX_MODES", "CliqueScoped,Dedicated", "comma-separated IMEX modes to prepare claims for")
+    opt("--log-format", "LOG_FORMAT", "json", choices=["json", "text"])
+    opt("--listen-address", "LISTEN_ADDRESS", "", "address for the health and metrics ports (the pod IP)")
+    opt("--health-port", "HEALTH_PORT", "51515", "gRPC health service that checks the kubelet sockets; 0 disables")
+    opt("--metrics-port", "METRICS_PORT", "0", "Prometheus metrics (/metrics); 0 disables")
+    return ap
+
+
+def _imex_modes(value: str) -> frozenset[IMEXMode]:
+    modes = {m.strip() for m in value.split(",") if m.strip()}
+    known = {m.value for m in IMEXMode}
+    if not modes or modes - known:
+        raise SettingsError(f"--imex-modes / $IMEX_MODES: {value!r} is not a comma-separated list of "
+                            f"{' and '.join(sorted(known))}")
+    return frozenset(IMEXMode(m) for m in modes)
+
+
+def _port(value: str, flag: str, env: str) -> int:
+    return process.whole_number(value, flag=flag, env=env, low=0, high=65535, why=" (0 disables)")
+
+
+def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
+    """The settings from flags, else their environment twins, else defaults; a `SettingsError` for a bad one."""
+    a = _parser(os.environ if env is None else env).parse_args(list(argv))
+    if not a.node_name or not a.node_ip:
+        raise SettingsError("--node-name / $NODE_NAME and --node-ip / $NODE_IP are required (the DaemonSet sets "
+                            "them from the downward API: spec.nodeName, status.hostIP)")
+    return Settings(
+        node_name=a.node_name, node_ip=a.node_ip, kubelet_root=Path(a.kubelet_root), cdi_root=Path(a.cdi_root),
+        driver_root=Path(a.driver_root), proc_devices=Path(a.proc_devices), boot_id=Path(a.boot_id),
+        kubeconfig=a.kubeconfig, service_account_dir=a.service_account_dir,
+        resync_s=process.seconds(a.resync_seconds, flag="--resync-seconds", env="RESYNC_SECONDS"),
+        imex_modes=_imex_modes(a.imex_modes), log_format=a.log_format, listen_address=a.listen_address,
+        health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
+        metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"))
