@@ -1,7 +1,8 @@
 """nvlfabric's components as a Pulumi component provider, for programs in any Pulumi language.
 
-`nvlfabric/components/plugin/` is the plugin directory a consumer adds with `pulumi package add`; it runs
-`main()`, which serves:
+`nvlfabric/components/plugin/` is the plugin directory a consumer adds with `pulumi package add` (a copy
+anywhere, written by `python -m nvlfabric.components.plugin_dir DIR`, in a virtualenv of its own that
+the engine creates); it runs `main()`, which serves:
 
 - **GetSchema**: `nvlfabric.components.schema.package_schema()`, derived from the pydantic args models;
 - **Construct**: the very component classes a Python program uses. Inputs arrive under their
