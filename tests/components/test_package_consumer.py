@@ -4,8 +4,12 @@ project (examples/ts-consumer, with a generated SDK), with the real CLI, our Pyt
 the YAML language host and our Node.js language host, on the session's control plane.
 
 The pure tests check that the schema is derived from the pydantic models and how Construct maps
-inputs; the end-to-end test adds the package, reads its schema back through the CLI, fails a
-preview on a bad argument, runs `up` and `destroy`.
+inputs, and what `python -m nvlfabric.components.plugin_dir` writes; the end-to-end tests write the
+plugin directory into the consumer project (a tmp directory, outside the checkout), add the package
+(the engine creates the plugin's own virtualenv and installs nvlfabric into it from the wheel
+tests/installed.py builds), read its schema back through the CLI, fail a preview on a bad argument,
+run `up` and `destroy`. Neither the checkout nor its .venv is on any path the CLI, the plugin or its
+dynamic providers run with.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +33,21 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api import computedomain as cdapi
-from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs
+from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir
 from nvlfabric.components.provider import NvlfabricProvider
-from nvlfabric.components.schema import BY_TOKEN, package_schema
+from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
+from nvlfabric.sim.cluster import eventually, install_crd
+from nvlfabric.sim.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
+from tests import installed
 from tests.conftest import Cluster
-from tests.kube import eventually, install_crd
-from tests.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "nvlfabric" / "components" / "plugin"
 EXAMPLE = REPO / "examples" / "yaml-consumer"
+#: Where a consumer project keeps the plugin directory `python -m nvlfabric.components.plugin_dir` writes,
+#: as its committed `packages:` entry names it.
+PLUGIN_ENTRY = "./nvlfabric-plugin"
 CD_TOKEN = "nvlfabric:index:ComputeDomain"
 JOB_TOKEN = "nvlfabric:index:BoundJob"
 
@@ -96,6 +105,32 @@ def test_construct_refuses_unknown_and_unresolved_inputs_by_their_schema_names()
     assert reasons["computeDomain"] == f"expected an {CD_TOKEN} declared in the same program (got str)"
 
 
+# -- the plugin directory, anywhere (pure) -------------------------------------------------------
+
+
+def test_the_plugin_runs_in_a_virtualenv_of_its_own_that_installs_this_nvlfabric() -> None:
+    plugin = yaml.safe_load((PLUGIN / "PulumiPlugin.yaml").read_text())
+    assert plugin["runtime"] == {"name": "python", "options": {"virtualenv": "venv"}}
+    lines = [ln for ln in (PLUGIN / "requirements.txt").read_text().splitlines() if not ln.startswith("#")]
+    assert lines == [plugin_dir.requirement()] == [f"nvlfabric[pulumi]=={version()}"]
+
+
+def test_plugin_dir_writes_the_plugin_files_with_the_requirement_asked_for(tmp_path: Path) -> None:
+    where = plugin_dir.write(tmp_path / "a" / "nvlfabric-plugin")
+    assert sorted(p.name for p in where.iterdir()) == sorted([*plugin_dir.FILES, ".gitignore"])
+    for name in ("PulumiPlugin.yaml", "__main__.py"):
+        assert (where / name).read_text() == (PLUGIN / name).read_text()
+    assert (where / "requirements.txt").read_text() == (PLUGIN / "requirements.txt").read_text()
+    assert (where / ".gitignore").read_text() == "venv/\n__pycache__/\n"
+
+    (where / "venv").mkdir()  # written again: the files replaced, the virtualenv kept
+    spec = "nvlfabric[pulumi] @ file:///wheels/nvlfabric-0.1.0-py3-none-any.whl"
+    subprocess.run([sys.executable, "-m", "nvlfabric.components.plugin_dir", str(where), "--requirement", spec],
+                   check=True, capture_output=True, timeout=60)
+    assert (where / "requirements.txt").read_text().splitlines()[-1] == spec
+    assert (where / "venv").is_dir()
+
+
 # -- end to end: pulumi package add, get-schema, preview, up, destroy ----------------------------
 
 
@@ -115,6 +150,57 @@ def _gone(api: Cluster, res: Any, name: str) -> bool:
             return True
         raise
     return False
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel tests/installed.py builds and every distribution `nvlfabric[pulumi]` needs, fetched
+    once: what pip installs the plugin's virtualenv from, with no index (the CLI runs offline)."""
+    wheel = installed.wheel()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {f"nvlfabric/components/plugin/{f}" for f in plugin_dir.FILES} <= set(names), names
+    where = tmp_path_factory.mktemp("wheelhouse")
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                           "--dest", str(where), f"nvlfabric[pulumi] @ {wheel.as_uri()}"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"pip download: {proc.stdout}\n{proc.stderr}"
+    assert (where / wheel.name).exists()
+    return where
+
+
+def outside_the_checkout(proj: PulumiProject, wheelhouse: Path) -> Path:
+    """Writes the plugin directory into the consumer project (`python -m nvlfabric.components.plugin_dir`,
+    no virtualenv yet) and sets the project's environment as a machine without this checkout has it:
+    pip (run by the engine when it installs the plugin) takes nvlfabric and its dependencies from the
+    wheelhouse; the interpreter that makes the virtualenv is the base Python, not the checkout's
+    .venv, which leaves PATH. Returns the plugin directory."""
+    where = proj.workdir / PLUGIN_ENTRY
+    proc = subprocess.run([sys.executable, "-m", "nvlfabric.components.plugin_dir", str(where)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not (where / "venv").exists(), proc.stderr
+    checkout_venv = Path(sys.prefix)
+    path = [p for p in proj.env["PATH"].split(os.pathsep) if p and not Path(p).is_relative_to(checkout_venv)]
+    proj.env["PATH"] = os.pathsep.join([path[0], str(Path(sys.base_prefix) / "bin"), *path[1:]])  # tools first
+    for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+        proj.env.pop(key, None)
+    proj.env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    # The `python3` on that PATH has no Pulumi: the dynamic providers the components register (the
+    # ComputeDomain's) run only because the project's `runtime.options.virtualenv` names the plugin's.
+    bare = subprocess.run(["python3", "-c", "import pulumi"], env=proj.env, capture_output=True, timeout=60)
+    assert bare.returncode != 0, "python3 on the consumer's PATH must not have Pulumi for this test to prove anything"
+    assert yaml.safe_load((proj.workdir / "Pulumi.yaml").read_text())["runtime"]["options"]["virtualenv"] \
+        == f"{PLUGIN_ENTRY.removeprefix('./')}/venv"
+    return where
+
+
+def added_with_its_own_virtualenv(plugin: Path) -> None:
+    """`pulumi package add` created the plugin's virtualenv and installed the wheel's nvlfabric in it."""
+    python = plugin / "venv" / "bin" / "python"
+    assert python.exists(), "pulumi package add did not create the plugin's virtualenv"
+    where = subprocess.run([str(python), "-c", "import nvlfabric, pulumi; print(nvlfabric.__file__)"],
+                           capture_output=True, text=True, timeout=60, cwd=plugin.parent)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(plugin / "venv"), where.stdout
 
 
 class Timed:
@@ -167,7 +253,8 @@ def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Tim
 
 @pytest.mark.cluster
 @pytest.mark.pulumi
-def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
+def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path,
+                                                             wheelhouse: Path) -> None:
     proj = project_from_fixture(EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
     timed = Timed(proj)
     # Start from the project as it was before `pulumi package add`.
@@ -178,16 +265,17 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     for f in (proj.workdir / "sdks").rglob("*"):
         if f.is_file():
             f.unlink()
+    plugin = outside_the_checkout(proj, wheelhouse)
 
-    added = timed("package add", "package", "add", str(PLUGIN))
+    added = timed("package add", "package", "add", PLUGIN_ENTRY)
     assert "Added package nvlfabric" in added.stdout + added.stderr
-    assert yaml.safe_load(project_file.read_text())["packages"] == {"nvlfabric": str(PLUGIN)}
+    added_with_its_own_virtualenv(plugin)
+    assert yaml.safe_load(project_file.read_text())["packages"] == committed["packages"] == {"nvlfabric": PLUGIN_ENTRY}
     assert (proj.workdir / "sdks" / "nvlfabric" / "nvlfabric-0.1.0.yaml").read_text() == lock
-    assert committed["packages"] == {"nvlfabric": "../../components/plugin"}
 
     # The schema the CLI gets from the plugin is the one derived from the pydantic models.
     start = time.monotonic()
-    schema = json.loads(proj.run("package", "get-schema", str(PLUGIN)).stdout)
+    schema = json.loads(proj.run("package", "get-schema", PLUGIN_ENTRY).stdout)
     timed.timings["package get-schema"] = round(time.monotonic() - start, 1)
     cd_inputs = schema["resources"][CD_TOKEN]["inputProperties"]
     assert cd_inputs["namespace"]["description"] == ComputeDomainArgs.model_fields["namespace"].description
@@ -221,7 +309,8 @@ def npm(proj: PulumiProject, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.cluster
 @pytest.mark.pulumi
-def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path) -> None:
+def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_path: Path,
+                                                                   wheelhouse: Path) -> None:
     assert shutil.which("node") and shutil.which("npm"), \
         "the TypeScript consumer needs Node.js (>= 20) and npm on PATH (Debian: apt-get install nodejs npm)"
     proj = project_from_fixture(TS_EXAMPLE, tmp_path / "consumer", kubeconfig=api.kubeconfig, venv=Path(sys.prefix))
@@ -233,16 +322,18 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
     proj.env["npm_config_cache"] = str(npm_cache())
     project_file = proj.workdir / "Pulumi.yaml"
     committed = yaml.safe_load(project_file.read_text())
-    assert committed["packages"] == {"nvlfabric": "../../components/plugin"}
+    assert committed["packages"] == {"nvlfabric": PLUGIN_ENTRY}
     project_file.write_text(yaml.safe_dump({k: v for k, v in committed.items() if k != "packages"}, sort_keys=False))
+    plugin = outside_the_checkout(proj, wheelhouse)
     start = time.monotonic()
     npm(proj, "install")
     timed.timings["npm install"] = round(time.monotonic() - start, 1)
 
-    added = timed("package add", "package", "add", str(PLUGIN))
+    added = timed("package add", "package", "add", PLUGIN_ENTRY)
     out = added.stdout + added.stderr
     assert "Added package nvlfabric" in out and 'import * as nvlfabric from "@pulumi/nvlfabric";' in out, out
-    assert yaml.safe_load(project_file.read_text())["packages"] == {"nvlfabric": str(PLUGIN)}
+    added_with_its_own_virtualenv(plugin)
+    assert yaml.safe_load(project_file.read_text())["packages"] == {"nvlfabric": PLUGIN_ENTRY}
     manifest = json.loads((proj.workdir / "package.json").read_text())
     assert manifest["dependencies"]["@pulumi/nvlfabric"] == "file:sdks/nvlfabric"
     sdk = proj.workdir / "sdks" / "nvlfabric"
