@@ -12,6 +12,7 @@ from lightkube.resources.resource_v1 import DeviceClass
 from pulumi.dynamic import ConfigureRequest
 from pulumi.dynamic.dynamic import Config
 
+from nvlfabric.provider import errors
 from nvlfabric.provider.deviceclass import DeviceClassProvider
 from tests.conftest import Cluster
 
@@ -73,7 +74,7 @@ def test_create_read_update_delete(prov: DeviceClassProvider, name: str, cluster
 @pytest.mark.cluster
 def test_create_over_an_existing_object_needs_adopt(prov: DeviceClassProvider, name: str) -> None:
     prov.create({"name": name, "selectors": [SELECTOR]})
-    with pytest.raises(RuntimeError) as excinfo:
+    with pytest.raises(errors.ObjectExists) as excinfo:
         prov.create({"name": name, "selectors": [SELECTOR]})
     assert "already exists" in str(excinfo.value) and "adopt=True" in str(excinfo.value)
     adopted = prov.create({"name": name, "selectors": [SELECTOR, "true"], "adopt": True})
