@@ -82,9 +82,14 @@ def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manag
     finally:
         client.close()
         cp.down()
-        for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
-            print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+        print_simulator_logs(state)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def print_simulator_logs(state: Path) -> None:
+    """The tail of what the agents and the simulated kubelets said (pytest shows it when a test failed)."""
+    for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
+        print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
 
 
 def stuck_deletions(cp: ControlPlane, client: Client, namespace: str = "default") -> str:

@@ -42,6 +42,7 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from tests.conftest import print_simulator_logs
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
@@ -66,9 +67,7 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
     finally:
         client.close()
         cp.down()
-        # Shown by pytest only when a test failed: what the agents and the kubelets said.
-        for log in [*sorted(state.glob("nodes/*/pods/*/*.log")), state / "logs" / "sim-kubelet.log"]:
-            print(f"--- {log.relative_to(state)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+        print_simulator_logs(state)
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -30,7 +30,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
 from nvlfabric.api.names import DEVICE_CLASS, NAMESPACE, RACK_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.sim.cluster import eventually
+from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.nvml.topology import rack_name
@@ -163,9 +163,7 @@ def test_a_platform_project_on_the_installed_wheel_runs_a_bound_job(
     client.get(DeviceClass, DEVICE_CLASS)
     assert {client.get(Node, n).metadata.labels.get(RACK_LABEL) for n in nodes} == {rack_name(RACK)}
 
-    status = eventually("the ComputeDomain to be Ready", lambda: (
-        s if (s := client.get(ComputeDomainResource, domain, namespace="default").status or {}).get("phase") == "Ready"
-        else None), timeout=90)
+    status = ready_domain_status(client, domain)
     members = {"nvlfabric.io/compute-domain": domain}
     pods = eventually("the Job's two pods to run", lambda: (
         ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)

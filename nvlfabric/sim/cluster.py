@@ -3,7 +3,7 @@ of a cluster that are not running: the ComputeDomain CRD as an install applies i
 Leases) as a healthy kubelet leaves them; and `eventually`, the poll every such set-up waits with.
 
 It lives in the simulator room, beside the control plane and the node stand-ins, because the tests
-(through tests/kube.py), the agent harness (nvlfabric/sim/agenthost.py) and the benchmarks all use
+the agent harness (nvlfabric/sim/agenthost.py) and the benchmarks all use
 it: benchmarks use nvlfabric as a user would and import no test helpers.
 """
 
@@ -13,10 +13,11 @@ import contextlib
 import datetime
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from lightkube import ApiError, Client
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import NodeAddress, NodeCondition, NodeSpec, NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
@@ -26,6 +27,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from nvlfabric import manifests
+from nvlfabric.api import computedomain as cdapi
+from nvlfabric.api import names
 
 T = TypeVar("T")
 
@@ -43,6 +46,17 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) 
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def ready_domain_status(client: Client, name: str, namespace: str = "default", timeout: float = 90.0) -> dict[str, Any]:
+    """A ComputeDomain's status once the controller reports it Ready (`eventually`'s failure otherwise)."""
+    resource = create_namespaced_resource(names.GROUP, cdapi.VERSION, cdapi.KIND, cdapi.PLURAL)
+
+    def ready() -> dict[str, Any] | None:
+        status = client.get(resource, name, namespace=namespace).status
+        return status if isinstance(status, dict) and status.get("phase") == "Ready" else None
+
+    return eventually(f"ComputeDomain {namespace}/{name} to be Ready", ready, timeout=timeout)
 
 
 def install_crd(client: Client) -> None:

@@ -28,7 +28,7 @@ from nvlfabric.components import (
 )
 from nvlfabric.components.driver import driver_objects
 from nvlfabric.components.workload import BoundJobArgs, job_manifest, workload_manifests
-from nvlfabric.sim.cluster import eventually
+from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.controlplane import ControlPlane
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
@@ -261,9 +261,7 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     assert outputs == {"claim_name": f"{domain}-channel", "device_class": "imex-channel.nvlfabric.io",
                        "job": domain, "server": f"{domain}-serve"}
 
-    status = eventually("the ComputeDomain to be Ready", lambda: (
-        s if (s := client.get(ComputeDomainResource, domain, namespace="default").status or {}).get("phase") == "Ready"
-        else None), timeout=90)
+    status = ready_domain_status(client, domain)
     members = {"nvlfabric.io/compute-domain": domain}
     pods = eventually("the Job's two pods and the StatefulSet's one to run", lambda: (
         ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)
