@@ -41,8 +41,9 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
-from nvlfabric.api import names
+from nvlfabric.api import errors, names
 from nvlfabric.api.kubelet.types import ClaimRef
+from nvlfabric.kube.errors import api_call
 from nvlfabric.sim.kubelet import cdi
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, start_pod_process, stop_all
@@ -188,10 +189,9 @@ class SimKubelet:
         n = state.node
         n.prepare_dirs()
         try:
-            obj = await self.client.create(self._node_object(n))
-        except ApiError as exc:
-            if exc.status.code != 409:
-                raise
+            with api_call(f"register Node {n.name}"):
+                obj = await self.client.create(self._node_object(n))
+        except errors.AlreadyExists:
             obj = await self.client.get(Node, n.name)
         assert obj.metadata is not None
         state.uid = obj.metadata.uid or ""
@@ -200,11 +200,8 @@ class SimKubelet:
             metadata=ObjectMeta(name=n.name, namespace="kube-node-lease", ownerReferences=[
                 OwnerReference(apiVersion="v1", kind="Node", name=n.name, uid=state.uid)]),
             spec=LeaseSpec(holderIdentity=n.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=now()))
-        try:
+        with contextlib.suppress(errors.AlreadyExists), api_call(f"create the Lease of Node {n.name}"):
             await self.client.create(lease)
-        except ApiError as exc:
-            if exc.status.code != 409:
-                raise
         # A starting kubelet deletes every ResourceSlice of its node; drivers must republish.
         await self._wipe_slices(n.name, driver=None)
 
@@ -326,11 +323,10 @@ class SimKubelet:
         attempt = 0
         while not self._stopping.is_set():
             try:
-                pod = await self.client.get(Pod, name, namespace=namespace)
-            except ApiError as exc:
-                if exc.status.code == 404:
-                    return
-                raise
+                with api_call(f"read pod {namespace}/{name}"):
+                    pod = await self.client.get(Pod, name, namespace=namespace)
+            except errors.NotFound:
+                return
             if pod.metadata is None or pod.metadata.uid != uid or pod.spec is None:
                 return
             state = self.nodes[pod.spec.nodeName or ""]
@@ -348,7 +344,7 @@ class SimKubelet:
                 return
             except PodNotReady as exc:
                 await self._event(pod, exc.reason, str(exc), warning=True)
-            except (PluginCallError, ApiError, OSError) as exc:
+            except (PluginCallError, ApiError, errors.NvlfabricError, OSError) as exc:
                 await self._event(pod, "FailedSync", str(exc), warning=True)
             except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
                 log.exception("syncing pod %s/%s failed", namespace, name)
@@ -369,10 +365,11 @@ class SimKubelet:
                 raise PodNotReady("FailedPrepareDynamicResources",
                                   f"waiting for ResourceClaim of pod claim {ref!r} to be created")
             try:
-                claim = await self.client.get(ResourceClaim, claim_name, namespace=pod.metadata.namespace)
-            except ApiError as exc:
+                with api_call(f"read ResourceClaim {claim_name}"):
+                    claim = await self.client.get(ResourceClaim, claim_name, namespace=pod.metadata.namespace)
+            except errors.ApiStatusError as exc:
                 raise PodNotReady("FailedPrepareDynamicResources",
-                                  f"ResourceClaim {claim_name}: {exc.status.message}") from exc
+                                  f"ResourceClaim {claim_name}: {exc.message}") from exc
             reserved = {r.uid for r in (claim.status.reservedFor or [])} if claim.status else set()
             if not (claim.status and claim.status.allocation) or pod.metadata.uid not in reserved:
                 raise PodNotReady("FailedPrepareDynamicResources",
