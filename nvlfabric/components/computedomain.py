@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name
 from nvlfabric.api.names import DNS_LABEL, MAX_PODS_PER_CLAIM
+from nvlfabric.components import served
 from nvlfabric.components._args import ComponentArgsError, labels, validate
 from nvlfabric.provider.await_ import AwaitFor
 from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
@@ -66,7 +67,9 @@ class ComputeDomain(pulumi.ComponentResource):
         # does not show them as changing too.
         self.claim: str = channel_claim_name(a.name, a.spec)
         self.bound_pods = 0
-        self.resource = ComputeDomainResource(
+        # In the component provider the plugin serves the object itself (nvlfabric.components.served).
+        resource_class = served.ComputeDomain if served.serving() else ComputeDomainResource
+        self.resource = resource_class(
             resource_name, name=a.name, namespace=a.namespace, spec=a.spec,
             labels=_labels(a.labels), await_for=a.await_for, timeout_s=a.timeout_s,
             force_delete=a.force_delete, opts=pulumi.ResourceOptions(parent=self))

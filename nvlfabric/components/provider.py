@@ -21,17 +21,24 @@ reference to it is resolved from that process's own record of the ComputeDomains
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
 
+import grpc
 import pulumi
 import pulumi.provider as pprov
 from pulumi.errors import InputPropertiesError, InputPropertyErrorDetails
 from pulumi.resource import DependencyResource
+from pulumi.runtime._grpc_settings import _GRPC_CHANNEL_OPTIONS
+from pulumi.runtime.proto import provider_pb2_grpc
 from pulumi.runtime.rpc import ResourceModule, register_resource_module
 from pydantic.alias_generators import to_camel
 
+from nvlfabric.components import served
 from nvlfabric.components._args import ComponentArgsError
 from nvlfabric.components.computedomain import ComputeDomain
 from nvlfabric.components.schema import BY_TOKEN, MODULE, PACKAGE, Exposed, package_schema, token, version
@@ -126,5 +133,24 @@ class NvlfabricProvider(pprov.Provider):
 
 
 def main() -> None:
+    """The plugin's entry point: a gRPC server on a free loopback port, the port on stdout (the
+    engine's handshake, as `pulumi.provider.main` does), serving Construct and the objects of
+    `nvlfabric.components.served`."""
     register_resource_module(PACKAGE, MODULE, _References())
-    pprov.main(NvlfabricProvider(), sys.argv[1:])
+    served.serve_resources()
+    argp = argparse.ArgumentParser(description="nvlfabric component provider (a Pulumi plugin)")
+    argp.add_argument("engine", help="the Pulumi engine's address")
+    known, _ = argp.parse_known_args()
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=_GRPC_CHANNEL_OPTIONS)
+        servicer = served.ResourceServicer(NvlfabricProvider(), sys.argv[1:], engine_address=known.engine)
+        provider_pb2_grpc.add_ResourceProviderServicer_to_server(servicer, server)
+        port = server.add_insecure_port(address="127.0.0.1:0")
+        await server.start()
+        sys.stdout.buffer.write(f"{port}\n".encode())
+        sys.stdout.buffer.flush()
+        await server.wait_for_termination()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())

@@ -728,16 +728,27 @@ class ComputeDomain(Resource, module="nvlfabric", name="ComputeDomain"):
                  await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: Input[float] = DEFAULT_TIMEOUT_S,
                  adopt: Input[bool] = False, force_delete: Input[bool] = False,
                  opts: ResourceOptions | None = None) -> None:
-        props: dict[str, Any] = {
-            "name": name,
-            "namespace": namespace,
-            "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else (spec if spec is not None else {}),
-            "labels": labels if labels is not None else {},
-            # Python's None here means "do not wait" (a null input would mean the default).
-            "await_for": str(await_for if await_for is not None else AwaitFor.NONE),
-            "timeout_s": timeout_s,
-            "adopt": adopt,
-            "force_delete": force_delete,
-            **dict.fromkeys(OUTPUT_KEYS),
-        }
+        props = resource_inputs(name=name, namespace=namespace, spec=spec, labels=labels, await_for=await_for,
+                                timeout_s=timeout_s, adopt=adopt, force_delete=force_delete)
         super().__init__(ComputeDomainProvider(), resource_name, props, opts)
+
+
+def resource_inputs(*, name: Input[str], namespace: Input[str],
+                    spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None, labels: Input[Mapping[str, str]] | None,
+                    await_for: AwaitFor | str | None, timeout_s: Input[float], adopt: Input[bool],
+                    force_delete: Input[bool]) -> dict[str, Any]:
+    """The properties a ComputeDomain resource registers (inputs, and its outputs as None), whoever
+    serves its CRUD: the dynamic provider here, or nvlfabric's component provider for other languages
+    (`nvlfabric.components.served`)."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else (spec if spec is not None else {}),
+        "labels": labels if labels is not None else {},
+        # Python's None here means "do not wait" (a null input would mean the default).
+        "await_for": str(await_for if await_for is not None else AwaitFor.NONE),
+        "timeout_s": timeout_s,
+        "adopt": adopt,
+        "force_delete": force_delete,
+        **dict.fromkeys(OUTPUT_KEYS),
+    }

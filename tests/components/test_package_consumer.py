@@ -33,7 +33,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api import computedomain as cdapi
-from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir
+from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, served
 from nvlfabric.components.provider import NvlfabricProvider
 from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
@@ -184,12 +184,13 @@ def outside_the_checkout(proj: PulumiProject, wheelhouse: Path) -> Path:
     for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
         proj.env.pop(key, None)
     proj.env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), PIP_DISABLE_PIP_VERSION_CHECK="1")
-    # The `python3` on that PATH has no Pulumi: the dynamic providers the components register (the
-    # ComputeDomain's) run only because the project's `runtime.options.virtualenv` names the plugin's.
+    # The `python3` on that PATH has no Pulumi, and the project names no virtualenv: the ComputeDomain's
+    # object is served by the plugin itself (nvlfabric.components.served), not by a dynamic provider
+    # the engine would start in the consumer's Python.
     bare = subprocess.run(["python3", "-c", "import pulumi"], env=proj.env, capture_output=True, timeout=60)
     assert bare.returncode != 0, "python3 on the consumer's PATH must not have Pulumi for this test to prove anything"
-    assert yaml.safe_load((proj.workdir / "Pulumi.yaml").read_text())["runtime"]["options"]["virtualenv"] \
-        == f"{PLUGIN_ENTRY.removeprefix('./')}/venv"
+    runtime = yaml.safe_load((proj.workdir / "Pulumi.yaml").read_text())["runtime"]
+    assert "virtualenv" not in (runtime.get("options") or {} if isinstance(runtime, dict) else {})
     return where
 
 
@@ -242,8 +243,10 @@ def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Tim
         pod = api.client.get(Job, domain, namespace="default").to_dict()["spec"]["template"]["spec"]
         assert pod["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"{domain}-channel"}]
         assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
-        urns = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
-        assert {CD_TOKEN, JOB_TOKEN, "kubernetes:batch/v1:Job"} <= urns
+        types = {r["type"] for r in proj.json("stack", "export")["deployment"]["resources"]}
+        # The domain's object is served by the plugin (in its own virtualenv), not a dynamic resource.
+        assert {CD_TOKEN, JOB_TOKEN, served.COMPUTE_DOMAIN, "kubernetes:batch/v1:Job"} <= types
+        assert not any(t.startswith("pulumi-python:dynamic") for t in types), types
     finally:
         timed("destroy", "destroy", "--yes", "--skip-preview")
     for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
@@ -357,3 +360,9 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
     # ...and the provider what types cannot say, naming the input as the program writes it.
     bad_gpus_fail_the_preview(timed)
     up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain)
+
+
+def test_the_served_object_is_found_by_its_urns_type() -> None:
+    urn = "urn:pulumi:test::consumer::nvlfabric:index:ComputeDomain$nvlfabric:kubernetes:ComputeDomain::pretrain"
+    assert served._type_of(urn) == served.COMPUTE_DOMAIN and served.COMPUTE_DOMAIN in served.PROVIDERS
+    assert served._type_of("not-a-urn") == ""
