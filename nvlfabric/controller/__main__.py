@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -29,6 +30,18 @@ class Settings:
     channels_per_clique: int
     """Size of each clique's channel pool, 1..names.MAX_CHANNELS_PER_CLIQUE."""
     log_format: process.LogFormat
+    identity: str
+    """This replica's name in the Lease: the pod's name ($POD_NAME), else hostname-pid."""
+    lease_name: str
+    lease_namespace: str
+    lease_duration_s: float
+    renew_interval_s: float
+    renew_deadline_s: float
+    retry_interval_s: float
+    """Leader election (nvlfabric/controller/leader.py); renew < deadline < duration."""
+    health_port: int
+    """/healthz, /readyz and /metrics (nvlfabric/controller/health.py); 0: not served."""
+    listen_address: str
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +54,23 @@ def _parser() -> argparse.ArgumentParser:
                     default=env("CHANNELS_PER_CLIQUE", str(names.DEFAULT_CHANNELS_PER_CLIQUE)),
                     help=f"each clique's channel pool size, 1..{names.MAX_CHANNELS_PER_CLIQUE} ($CHANNELS_PER_CLIQUE)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env("LOG_FORMAT", "json"))
+    ap.add_argument("--identity", default=env("POD_NAME", ""),
+                    help="this replica's holder identity in the Lease ($POD_NAME; default hostname-pid)")
+    ap.add_argument("--lease-name", default=env("LEASE_NAME", "nvlfabric-controller"))
+    ap.add_argument("--lease-namespace", default=env("POD_NAMESPACE", names.NAMESPACE),
+                    help="the Lease's namespace, the controller's own ($POD_NAMESPACE)")
+    ap.add_argument("--lease-duration", default=env("LEASE_DURATION", "15"),
+                    help="seconds an unrenewed Lease still holds ($LEASE_DURATION)")
+    ap.add_argument("--renew-interval", default=env("RENEW_INTERVAL", "5"),
+                    help="seconds between the leader's renews ($RENEW_INTERVAL)")
+    ap.add_argument("--renew-deadline", default=env("RENEW_DEADLINE", "10"),
+                    help="seconds without a renew after which the leader stops ($RENEW_DEADLINE)")
+    ap.add_argument("--retry-interval", default=env("RETRY_INTERVAL", "2"),
+                    help="seconds between a standby's reads of the Lease ($RETRY_INTERVAL)")
+    ap.add_argument("--health-port", default=env("HEALTH_PORT", "8080"),
+                    help="port of /healthz, /readyz and /metrics; 0: none ($HEALTH_PORT)")
+    ap.add_argument("--listen-address", default=env("LISTEN_ADDRESS", ""),
+                    help="address the health port binds to; empty: all ($LISTEN_ADDRESS)")
     return ap
 
 
@@ -54,8 +84,22 @@ def channels_per_clique(value: str) -> int:
 
 def settings(argv: list[str]) -> Settings:
     args = _parser().parse_args(argv)
+    duration = process.seconds(args.lease_duration, flag="--lease-duration", env="LEASE_DURATION")
+    renew = process.seconds(args.renew_interval, flag="--renew-interval", env="RENEW_INTERVAL")
+    deadline = process.seconds(args.renew_deadline, flag="--renew-deadline", env="RENEW_DEADLINE")
+    retry = process.seconds(args.retry_interval, flag="--retry-interval", env="RETRY_INTERVAL")
+    if not renew < deadline < duration:
+        raise process.SettingsError(
+            f"--renew-interval ({renew:g}) < --renew-deadline ({deadline:g}) < --lease-duration ({duration:g}) "
+            "must hold: a leader renews before its deadline and stops before its Lease expires for the others")
     return Settings(kubeconfig=args.kubeconfig, service_account_dir=args.service_account_dir,
-                    channels_per_clique=channels_per_clique(args.channels_per_clique), log_format=args.log_format)
+                    channels_per_clique=channels_per_clique(args.channels_per_clique), log_format=args.log_format,
+                    identity=args.identity or f"{socket.gethostname()}-{os.getpid()}", lease_name=args.lease_name,
+                    lease_namespace=args.lease_namespace, lease_duration_s=duration, renew_interval_s=renew,
+                    renew_deadline_s=deadline, retry_interval_s=retry,
+                    health_port=process.whole_number(args.health_port, flag="--health-port", env="HEALTH_PORT",
+                                                     low=0, high=65535),
+                    listen_address=args.listen_address)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     process.setup_logging(cfg.log_format)
     stop = process.stop_on_signals()
     # Imported after the settings are checked: lightkube and the models take a while to load.
+    from nvlfabric.controller import health, leader
     from nvlfabric.controller.reconcile import Controller
     from nvlfabric.kube import client as kube_client
 
     client = kube_client.from_kubeconfig_or_service_account(
         cfg.kubeconfig, cfg.service_account_dir, field_manager=names.CONTROLLER_FIELD_MANAGER)
-    Controller(client, channels_per_clique=cfg.channels_per_clique).run(stop=stop.is_set)
-    return 0
+    elector = leader.Elector(client, name=cfg.lease_name, namespace=cfg.lease_namespace, identity=cfg.identity,
+                             timings=leader.Timings(cfg.lease_duration_s, cfg.renew_interval_s, cfg.renew_deadline_s,
+                                                    cfg.retry_interval_s))
+    state = health.Health(stale_s=2 * cfg.lease_duration_s, leading=lambda: elector.leading,
+                          last_read=lambda: elector.last_read)
+    health.serve(cfg.health_port, cfg.listen_address, state)
+    log.info("controller %s: standby until it holds Lease %s/%s", cfg.identity, cfg.lease_namespace, cfg.lease_name)
+    controller = Controller(client, channels_per_clique=cfg.channels_per_clique)
+    if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
+        return 0
+    # Leadership lost: exit at once, without waiting for a pass or a reservation under way (os._exit:
+    # no thread is joined), and the kubelet restarts this replica as a standby, so its work never
+    # overlaps the new leader's.
+    logging.shutdown()
+    os._exit(1)
 
 
 if __name__ == "__main__":

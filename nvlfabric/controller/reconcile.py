@@ -38,7 +38,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import pools
+from nvlfabric.controller import health, pools
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
 
@@ -222,15 +222,18 @@ class Controller:
     def _watch_domains(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
         """Poke the loop on every ComputeDomain change (an agent's node entry, a new domain), so a
         domain's summary follows its members within a debounce, not a full interval."""
+        failures = 0
         while not stop():
             try:
                 for _ in self.client.watch(ComputeDomainResource, namespace="*", server_timeout=60):
+                    failures = 0
                     poke.set()
                     if stop():
                         return
+                failures = 0
             except Exception as exc:  # a failed watch only slows summaries to the interval
-                log.debug("ComputeDomain watch ended: %s", exc)
-                time.sleep(1.0)
+                failures += 1
+                time.sleep(health.watch_failed(api.KIND, exc, failures, log))
 
     def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
             reserve_ahead: bool = True, debounce_s: float = 0.1) -> None:

@@ -58,6 +58,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import errors
 from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.controller import health
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.reservations")
@@ -214,7 +215,11 @@ class Reserver:
 
     def _follow(self, res: Any, on_event: Callable[[str, Any], None], reset: Callable[[], None],
                 stop: Callable[[], bool], **selector: Any) -> None:
-        """List, then watch from the list's resourceVersion; after any error, list again."""
+        """List, then watch from the list's resourceVersion; after any error, list again, backing
+        off (1 s doubling to 30 s), counted in `nvlfabric_controller_watch_failures_total` and
+        logged at WARNING from the third failure in a row (until then DEBUG: a 410 Gone is routine).
+        A watch that delivered an event, or ended at its server timeout, starts the count afresh."""
+        failures = 0
         while not stop():
             try:
                 listing = self.client.list(res, namespace="*", **selector)
@@ -224,12 +229,14 @@ class Reserver:
                     on_event("ADDED", obj)
                 for kind, obj in self.client.watch(res, namespace="*", resource_version=listing.resourceVersion,
                                                    server_timeout=60, **selector):
+                    failures = 0
                     if stop():
                         return
                     on_event(kind, obj)
+                failures = 0
             except Exception as exc:  # a watch that fails is re-listed, never fatal
-                log.debug("watch of %s ended: %s; listing again", res.__name__, exc)
-                time.sleep(1.0)
+                failures += 1
+                time.sleep(health.watch_failed(res.__name__, exc, failures, log))
 
     def _reset_pods(self) -> None:
         with self._lock:
