@@ -25,6 +25,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import (
     Container,
     NodeSelector,
@@ -48,6 +49,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 )
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -67,8 +69,8 @@ NAMESPACE = names.NAMESPACE
 AGENT, CONTROLLER = "nvlfabric-agent", "nvlfabric-controller"
 DRIVER = names.DRIVER
 # What the tests install from driver.yaml: everything but the workloads (nothing would run them).
-INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-           "ValidatingAdmissionPolicyBinding"}
+INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+           "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods")
 FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
@@ -444,6 +446,35 @@ def test_controller_writes_only_clique_pool_slices_of_our_driver(env: Env) -> No
         for n in (name, f"{name}-n", f"{name}-all", f"{name}-gpu"):
             with contextlib.suppress(ApiError):
                 env.admin.delete(ResourceSlice, n)
+
+
+def test_controller_may_hold_its_own_lease_only(env: Env) -> None:
+    """Leader election (nvlfabric/controller/leader.py): create, get and update of the Lease
+    nvlfabric-controller in its own namespace; no other Lease, no other namespace."""
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+    mine = Lease(metadata=ObjectMeta(name=CONTROLLER, namespace=NAMESPACE),
+                 spec=LeaseSpec(holderIdentity=f"test-{env.suffix}", leaseDurationSeconds=15))
+    try:
+        with contextlib.suppress(ApiError):
+            env.admin.delete(Lease, CONTROLLER, namespace=NAMESPACE)
+        eventually("RBAC to let the controller create its Lease",
+                   lambda: _try(lambda: controller.create(mine)), timeout=POLICY_EFFECTIVE_S)
+        held = controller.get(Lease, CONTROLLER, namespace=NAMESPACE)
+        assert held.spec is not None
+        held.spec.holderIdentity = f"test-{env.suffix}-2"
+        controller.replace(held)
+        for name, namespace in ((f"other-{env.suffix}", NAMESPACE), (CONTROLLER, "default")):
+            env.admin.create(Lease(metadata=ObjectMeta(name=name, namespace=namespace), spec=LeaseSpec()))
+            try:
+                with pytest.raises(ApiError) as info:
+                    controller.get(Lease, name, namespace=namespace)
+                assert info.value.status.code == 403
+            finally:
+                env.admin.delete(Lease, name, namespace=namespace)
+    finally:
+        controller.close()
+        with contextlib.suppress(ApiError):
+            env.admin.delete(Lease, CONTROLLER, namespace=NAMESPACE)
 
 
 def test_controller_may_not_touch_other_drivers_slices(env: Env) -> None:

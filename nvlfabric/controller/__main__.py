@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                                                     cfg.retry_interval_s))
     state = health.Health(stale_s=2 * cfg.lease_duration_s, leading=lambda: elector.leading,
                           last_read=lambda: elector.last_read)
-    health.serve(cfg.health_port, cfg.listen_address, state)
+    try:
+        health.serve(cfg.health_port, cfg.listen_address, state)
+    except OSError as exc:  # no probes answer then: the kubelet's liveness probe restarts us
+        log.error("cannot serve /healthz, /readyz and /metrics on %s:%d: %s", cfg.listen_address or "*",
+                  cfg.health_port, exc)
     log.info("controller %s: standby until it holds Lease %s/%s", cfg.identity, cfg.lease_namespace, cfg.lease_name)
     controller = Controller(client, channels_per_clique=cfg.channels_per_clique)
     if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
