@@ -1,4 +1,4 @@
-"""The cluster controller (`python -m nvlfabric controller`, one replica per cluster).
+"""The cluster controller (`python -m nvlfabric controller`; of its replicas, only the Lease holder works: `leader`).
 
 Publishes each clique's channel pool (`pools`), derives each ComputeDomain's summary status and
 IMEX port slot (`reconcile`), and reserves shared channel claims for their pending pods

@@ -1,6 +1,7 @@
 """The nvlfabric controller: clique channel pools and each ComputeDomain's summary status.
 
-One replica per cluster (same image as the node agent). Each pass it
+One working replica per cluster, the Lease holder (nvlfabric/controller/leader.py; same image
+as the node agent). Each pass it
 - publishes one channel pool per clique that has Nodes labelled `nvlfabric.io/clique`, and
   withdraws pools of cliques that no longer have any (nvlfabric/controller/pools.py);
 - for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
