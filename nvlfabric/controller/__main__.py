@@ -59,11 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--lease-name", default=env("LEASE_NAME", "nvlfabric-controller"))
     ap.add_argument("--lease-namespace", default=env("POD_NAMESPACE", names.NAMESPACE),
                     help="the Lease's namespace, the controller's own ($POD_NAMESPACE)")
-    ap.add_argument("--lease-duration", default=env("LEASE_DURATION", "15"),
+    ap.add_argument("--lease-duration", default=env("LEASE_DURATION", "10"),
                     help="seconds an unrenewed Lease still holds ($LEASE_DURATION)")
-    ap.add_argument("--renew-interval", default=env("RENEW_INTERVAL", "5"),
+    ap.add_argument("--renew-interval", default=env("RENEW_INTERVAL", "3"),
                     help="seconds between the leader's renews ($RENEW_INTERVAL)")
-    ap.add_argument("--renew-deadline", default=env("RENEW_DEADLINE", "10"),
+    ap.add_argument("--renew-deadline", default=env("RENEW_DEADLINE", "7"),
                     help="seconds without a renew after which the leader stops ($RENEW_DEADLINE)")
     ap.add_argument("--retry-interval", default=env("RETRY_INTERVAL", "2"),
                     help="seconds between a standby's reads of the Lease ($RETRY_INTERVAL)")

@@ -70,7 +70,7 @@ def test_watch_failures_back_off_and_turn_loud(caplog: pytest.LogCaptureFixture)
     (["--lease-duration", "0"], "--lease-duration / $LEASE_DURATION"),
     (["--renew-interval", "x"], "--renew-interval / $RENEW_INTERVAL"),
     (["--renew-deadline", "20"], "< --lease-duration"),
-    (["--renew-interval", "10"], "--renew-interval (10) < --renew-deadline (10)"),
+    (["--renew-interval", "7"], "--renew-interval (7) < --renew-deadline (7)"),
     (["--health-port", "70000"], "--health-port / $HEALTH_PORT"),
 ])
 def test_bad_failover_settings_are_one_line(argv: list[str], needle: str) -> None:
