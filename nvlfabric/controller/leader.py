@@ -2,14 +2,14 @@
 
 Only the holder of the Lease (`nvlfabric-system/nvlfabric-controller` in the Deployment) runs the
 passes and the Reserver; a standby reads the Lease every `retry_s` and takes it once it has not
-been renewed for `duration_s`. Timings (the Deployment's defaults, client-go's own):
+been renewed for `duration_s`. Timings (defaults in the controller's settings, `__main__.py`):
 
-- `duration_s` 15: how long a Lease nobody renews still holds; the worst-case failover after the
+- `duration_s` (10): how long a Lease nobody renews still holds; the worst-case failover after the
   leader dies is about duration + retry.
-- `renew_s` 5: how often the holder renews.
-- `deadline_s` 10: a holder that could not renew for this long stops working (below the duration,
+- `renew_s` (3): how often the holder renews.
+- `deadline_s` (7): a holder that could not renew for this long stops working (below the duration,
   so it has stopped before a standby can take the Lease over).
-- `retry_s` 2: how often a standby reads the Lease, and how soon a holder retries a failed renew.
+- `retry_s` (2): how often a standby reads the Lease, and how soon a holder retries a failed renew.
 
 Expiry is judged on the reader's own monotonic clock: a Lease is expired when the same record
 (its resourceVersion) has been seen unchanged for `duration_s`, never by comparing the holder's
@@ -44,10 +44,10 @@ log = logging.getLogger("nvlfabric.controller.leader")
 
 @dataclass(frozen=True)
 class Timings:
-    duration_s: float = 15.0
-    renew_s: float = 5.0
-    deadline_s: float = 10.0
-    retry_s: float = 2.0
+    duration_s: float
+    renew_s: float
+    deadline_s: float
+    retry_s: float
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Elector:
     """The I/O around `decide`: one Lease, one identity."""
 
     def __init__(self, client: Client, *, name: str, namespace: str, identity: str,
-                 timings: Timings = Timings(), clock: Callable[[], float] = time.monotonic) -> None:
+                 timings: Timings, clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.name, self.namespace, self.identity = client, name, namespace, identity
         self.timings, self.clock = timings, clock
         self.leading = False
