@@ -17,23 +17,25 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
-from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, Unpack
 
 import grpc
 import pulumi
 from google.protobuf import empty_pb2
-from pulumi import Input, Output
 from pulumi.dynamic import ConfigureRequest, ResourceProvider
 from pulumi.dynamic.config import Config
 from pulumi.provider import Provider
 from pulumi.provider.server import ProviderServicer
 from pulumi.runtime import proto, rpc
 
-from nvlfabric.api.computedomain import ComputeDomainSpec
 from nvlfabric.api.errors import NvlfabricError
-from nvlfabric.provider.await_ import AwaitFor
-from nvlfabric.provider.computedomain import DEFAULT_TIMEOUT_S, ComputeDomainProvider, resource_inputs
+from nvlfabric.provider.computedomain import (
+    ComputeDomainOutputs,
+    ComputeDomainProvider,
+    ResourceInputs,
+    resource_inputs,
+)
 
 COMPUTE_DOMAIN: Final = "nvlfabric:kubernetes:ComputeDomain"
 """The type token of a ComputeDomain's object when the component provider serves it."""
@@ -53,31 +55,12 @@ def serving() -> bool:
     return bool(_serving)
 
 
-class ComputeDomain(pulumi.CustomResource):
+class ComputeDomain(pulumi.CustomResource, ComputeDomainOutputs):
     """A ComputeDomain and its channel claim, served by nvlfabric's component provider."""
 
-    name: Output[str]
-    namespace: Output[str]
-    spec: Output[dict[str, Any]]
-    labels: Output[dict[str, str]]
-    uid: Output[str]
-    claim_name: Output[str]
-    phase: Output[str]
-    clique: Output[str | None]
-    channel: Output[int | None]
-    nodes: Output[list[dict[str, Any]]]
-    ready_nodes: Output[int]
-    total_nodes: Output[int]
-
-    def __init__(self, resource_name: str, *, name: Input[str], namespace: Input[str] = "default",
-                 spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None = None,
-                 labels: Input[Mapping[str, str]] | None = None,
-                 await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: Input[float] = DEFAULT_TIMEOUT_S,
-                 adopt: Input[bool] = False, force_delete: Input[bool] = False,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        props = resource_inputs(name=name, namespace=namespace, spec=spec, labels=labels, await_for=await_for,
-                                timeout_s=timeout_s, adopt=adopt, force_delete=force_delete)
-        super().__init__(COMPUTE_DOMAIN, resource_name, props, opts)
+    def __init__(self, resource_name: str, opts: pulumi.ResourceOptions | None = None,
+                 **inputs: Unpack[ResourceInputs]) -> None:
+        super().__init__(COMPUTE_DOMAIN, resource_name, resource_inputs(**inputs), opts)
 
 
 def _type_of(urn: str) -> str:

@@ -57,7 +57,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Required, TypedDict, Unpack
 
 from lightkube import Client
 from lightkube.generic_resource import create_namespaced_resource
@@ -703,11 +703,42 @@ def _split_id(id_: str, props: Mapping[str, Any]) -> tuple[str, str]:
 # -- the resource ------------------------------------------------------------------------------------
 
 
-class ComputeDomain(Resource, module="nvlfabric", name="ComputeDomain"):
-    """An nvlfabric ComputeDomain and its shared channel claim, managed by `ComputeDomainProvider`.
+class ResourceInputs(TypedDict, total=False):
+    """A ComputeDomain resource's inputs (the keyword arguments of both resource classes)."""
 
-    Pods join it by listing `claim_name` in `spec.resourceClaims[].resourceClaimName`.
-    """
+    name: Required[Input[str]]
+    namespace: Input[str]
+    spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None
+    labels: Input[Mapping[str, str]] | None
+    await_for: AwaitFor | str | None
+    timeout_s: Input[float]
+    adopt: Input[bool]
+    force_delete: Input[bool]
+
+
+def resource_inputs(**inputs: Unpack[ResourceInputs]) -> dict[str, Any]:
+    """The properties a ComputeDomain resource registers (inputs with their defaults, and its outputs
+    as None), whoever serves its CRUD: the dynamic provider here, or nvlfabric's component provider
+    for other languages (`nvlfabric.components.served`)."""
+    spec = inputs.get("spec")
+    labels = inputs.get("labels")
+    await_for = inputs.get("await_for", AwaitFor.ACCEPTED)
+    return {
+        "name": inputs["name"],
+        "namespace": inputs.get("namespace", "default"),
+        "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else (spec if spec is not None else {}),
+        "labels": labels if labels is not None else {},
+        # Python's None here means "do not wait" (a null input would mean the default).
+        "await_for": str(await_for if await_for is not None else AwaitFor.NONE),
+        "timeout_s": inputs.get("timeout_s", DEFAULT_TIMEOUT_S),
+        "adopt": inputs.get("adopt", False),
+        "force_delete": inputs.get("force_delete", False),
+        **dict.fromkeys(OUTPUT_KEYS),
+    }
+
+
+class ComputeDomainOutputs:
+    """What a ComputeDomain resource outputs, whichever class registered it."""
 
     name: Output[str]
     namespace: Output[str]
@@ -722,33 +753,13 @@ class ComputeDomain(Resource, module="nvlfabric", name="ComputeDomain"):
     ready_nodes: Output[int]
     total_nodes: Output[int]
 
-    def __init__(self, resource_name: str, *, name: Input[str], namespace: Input[str] = "default",
-                 spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None = None,
-                 labels: Input[Mapping[str, str]] | None = None,
-                 await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: Input[float] = DEFAULT_TIMEOUT_S,
-                 adopt: Input[bool] = False, force_delete: Input[bool] = False,
-                 opts: ResourceOptions | None = None) -> None:
-        props = resource_inputs(name=name, namespace=namespace, spec=spec, labels=labels, await_for=await_for,
-                                timeout_s=timeout_s, adopt=adopt, force_delete=force_delete)
-        super().__init__(ComputeDomainProvider(), resource_name, props, opts)
 
+class ComputeDomain(Resource, ComputeDomainOutputs, module="nvlfabric", name="ComputeDomain"):
+    """An nvlfabric ComputeDomain and its shared channel claim, managed by `ComputeDomainProvider`.
 
-def resource_inputs(*, name: Input[str], namespace: Input[str],
-                    spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None, labels: Input[Mapping[str, str]] | None,
-                    await_for: AwaitFor | str | None, timeout_s: Input[float], adopt: Input[bool],
-                    force_delete: Input[bool]) -> dict[str, Any]:
-    """The properties a ComputeDomain resource registers (inputs, and its outputs as None), whoever
-    serves its CRUD: the dynamic provider here, or nvlfabric's component provider for other languages
-    (`nvlfabric.components.served`)."""
-    return {
-        "name": name,
-        "namespace": namespace,
-        "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else (spec if spec is not None else {}),
-        "labels": labels if labels is not None else {},
-        # Python's None here means "do not wait" (a null input would mean the default).
-        "await_for": str(await_for if await_for is not None else AwaitFor.NONE),
-        "timeout_s": timeout_s,
-        "adopt": adopt,
-        "force_delete": force_delete,
-        **dict.fromkeys(OUTPUT_KEYS),
-    }
+    Pods join it by listing `claim_name` in `spec.resourceClaims[].resourceClaimName`.
+    """
+
+    def __init__(self, resource_name: str, opts: ResourceOptions | None = None,
+                 **inputs: Unpack[ResourceInputs]) -> None:
+        super().__init__(ComputeDomainProvider(), resource_name, resource_inputs(**inputs), opts)
