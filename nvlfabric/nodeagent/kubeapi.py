@@ -6,8 +6,10 @@ for seven REST calls. Objects here are plain JSON dicts; what the agent reads fr
 validated where it is read (driver.py), and what it writes is built from pydantic models.
 
 One keep-alive HTTPS connection, guarded by a lock (the agent's calls are few and serialised),
-reopened once when the server closed it. Service-account tokens are re-read when the file changes:
-projected tokens are rotated by the kubelet.
+reopened once when the server closed it. A 429 or 5xx answer is tried again up to three times
+(`RETRY_DELAYS_S`, or the server's Retry-After), then raised as its `nvlfabric.api.errors` class.
+Service-account tokens are re-read when the file changes: projected tokens are rotated by the
+kubelet.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import os
 import ssl
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,17 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: server-side apply takes a JSON body
 TIMEOUT_S = 20.0
+RETRY_DELAYS_S = (0.25, 0.5, 1.0)
+"""Waits before the second, third and fourth try of a request the server answered 429 or 5xx: the
+API server throttling the agent (priority and fairness) or something behind it failing briefly. A
+prepare has the kubelet's 45 s; these add at most 1.75 s unless the server asks for more."""
+MAX_RETRY_AFTER_S = 5.0
+"""The longest `Retry-After` honoured per wait, so a throttled agent still answers the kubelet in time."""
+
+
+def retry_delay(exc: errors.ApiStatusError, default_s: float) -> float:
+    """How long to wait before trying again: the server's Retry-After when it gave one, capped."""
+    return min(exc.delay_s if exc.delay_s is not None else default_s, MAX_RETRY_AFTER_S)
 
 
 class ConfigError(Exception):
@@ -148,6 +163,7 @@ class Client:
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._token: tuple[float, str] | None = None
+        self.sleep: Callable[[float], None] = time.sleep  # between retries; tests record it
 
     def _bearer(self) -> str | None:
         if self.config.token_file is None:
@@ -173,6 +189,16 @@ class Client:
             headers["Content-Type"] = content_type
         if token := self._bearer():
             headers["Authorization"] = f"Bearer {token}"
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                return self._send(method, path, url, data, headers)
+            except (errors.TooManyRequests, errors.ServerError) as exc:
+                if delay is None:
+                    raise
+                self.sleep(retry_delay(exc, delay))
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _send(self, method: str, path: str, url: str, data: bytes | None, headers: dict[str, str]) -> JSON:
         with self._lock:
             for attempt in (1, 2):
                 if self._conn is None:

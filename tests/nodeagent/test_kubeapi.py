@@ -97,3 +97,54 @@ def test_a_rotated_token_file_is_read_again(cluster: Cluster, tmp_path: Path) ->
         assert client.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
     finally:
         client.close()
+
+
+def test_the_retry_delay_is_the_servers_retry_after_capped() -> None:
+    throttled = errors.from_status({"code": 429, "reason": "TooManyRequests", "details": {"retryAfterSeconds": 3}},
+                                   action="GET /api/v1/nodes")
+    assert isinstance(throttled, errors.TooManyRequests) and kubeapi.retry_delay(throttled, 0.25) == 3
+    slow = errors.from_status({"code": 429, "details": {"retryAfterSeconds": 600}}, action="GET /api/v1/nodes")
+    assert kubeapi.retry_delay(slow, 0.25) == kubeapi.MAX_RETRY_AFTER_S
+    failed = errors.from_status({"code": 500, "reason": "InternalError"}, action="POST /api/v1/namespaces/x/events")
+    assert kubeapi.retry_delay(failed, 0.5) == 0.5
+
+
+@pytest.mark.cluster
+def test_a_5xx_is_tried_again_with_back_off_then_raised_as_a_server_error(cluster: Cluster) -> None:
+    """A real 500 from the API server: an admission webhook that cannot be reached, with
+    failurePolicy Fail, on ConfigMaps of one namespace. The agent's client tries four times with
+    the documented waits between them, then raises ServerError; 4xx answers are not retried."""
+    from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+    from lightkube.resources.core_v1 import Namespace
+
+    run = uuid.uuid4().hex[:6]
+    ns, webhook = f"kubeapi-retry-{run}", f"kubeapi-retry-{run}.nvlfabric.io"
+    admin = cluster.client
+    admin.create(Namespace.from_dict({"metadata": {"name": ns, "labels": {"kubeapi-retry": run}}}))
+    admin.create(ValidatingWebhookConfiguration.from_dict({
+        "metadata": {"name": webhook},
+        "webhooks": [{"name": webhook, "clientConfig": {"url": "https://127.0.0.1:9/refuse"},
+                      "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                 "resources": ["configmaps"]}],
+                      "namespaceSelector": {"matchLabels": {"kubeapi-retry": run}}, "failurePolicy": "Fail",
+                      "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 1}]}))
+    client = kubeapi.Client(kubeapi.from_kubeconfig(cluster.kubeconfig), field_manager="kubeapi-test")
+    waits: list[float] = []
+    client.sleep = waits.append
+    cms = kubeapi.path("v1", "configmaps", namespace=ns)
+    try:
+        with pytest.raises(errors.ServerError) as exc:
+            for _ in range(20):  # until the API server's webhook informer has seen the new webhook
+                waits.clear()
+                client.create(cms, {"apiVersion": "v1", "kind": "ConfigMap",
+                                    "metadata": {"generateName": "c-"}, "data": {}})
+        assert "failed calling webhook" in str(exc.value) and exc.value.code == 500
+        assert waits == list(kubeapi.RETRY_DELAYS_S)
+        waits.clear()
+        with pytest.raises(errors.NotFound):
+            client.get(kubeapi.path("v1", "configmaps", "none", namespace=ns))
+        assert waits == []
+    finally:
+        client.close()
+        admin.delete(ValidatingWebhookConfiguration, webhook)
+        admin.delete(Namespace, ns)
