@@ -84,7 +84,7 @@ def test_bound_job_args(kwargs: dict[str, Any], field: str, words: str) -> None:
 
 def test_bound_job_needs_a_compute_domain() -> None:
     msg = _error(BoundJob, compute_domain="cd-channel", pod_template=TEMPLATE)
-    assert "compute_domain: expected a components.ComputeDomain (got str)" in msg
+    assert "compute_domain: expected a nvlfabric.ComputeDomain (got str)" in msg
 
 
 def test_rack_args() -> None:
@@ -200,6 +200,12 @@ def test_a_domain_refuses_more_than_256_pods_over_its_workloads() -> None:
     with pytest.raises(ComponentArgsError) as err:
         BoundJob("b", compute_domain=cd, pod_template=TEMPLATE, parallelism=57, gpus_per_pod=0)
     assert "257 pods" in str(err.value) and "at most 256" in str(err.value)
+
+
+def test_the_component_takes_reservation_gate_as_the_readme_shows() -> None:
+    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    job = BoundJob("ungated", compute_domain=ComputeDomain("cd"), pod_template=TEMPLATE, reservation_gate=False)
+    assert job.args.reservation_gate is False
 
 
 def test_a_domain_awaiting_ready_refuses_bound_workloads() -> None:
