@@ -19,6 +19,7 @@ from collections.abc import Callable
 from socketserver import TCPServer
 
 from nvlfabric.api import metrics
+from nvlfabric.kube.errors import translate
 
 log = logging.getLogger("nvlfabric.controller")
 
@@ -41,8 +42,11 @@ def watch_failed(watch: str, exc: Exception, consecutive: int, logger: logging.L
     """Count and log one failed list/watch of `watch`; the back-off to sleep before listing again."""
     WATCH_FAILURES.labels(watch).inc()
     delay = backoff(consecutive)
+    # Translated, so a refusal reads as the API server's Status says it (a 403 names who may not
+    # do what), not as httpx's "Client error ... for url" with a link to MDN.
     logger.log(logging.WARNING if consecutive >= WARN_AFTER else logging.DEBUG,
-               "watch of %s failed (%d in a row): %s; listing again in %.0f s", watch, consecutive, exc, delay)
+               "watch of %s failed (%d in a row): %s; listing again in %.0f s", watch, consecutive,
+               translate(exc, action=f"list or watch {watch}"), delay)
     return delay
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2
 from lightkube import ApiError
@@ -29,11 +30,26 @@ def translate(exc: Exception, *, action: str) -> errors.NvlfabricError:
     if isinstance(exc, ApiError):
         return from_api_error(exc, action=action)
     if isinstance(exc, httpx2.HTTPStatusError):
+        status = _status_body(exc.response)
+        if status is not None:
+            return errors.from_status(status, action=action, code=exc.response.status_code)
         return errors.not_a_status(action=action, code=exc.response.status_code, reason=exc.response.reason_phrase)
     if isinstance(exc, httpx2.TransportError):
         return errors.Unreachable(
             f"{action}: the API server could not be reached: {errors.truncate(str(exc) or type(exc).__name__)}")
     return errors.NvlfabricError(f"{action}: {errors.truncate(str(exc) or type(exc).__name__)}")
+
+
+def _status_body(resp: httpx2.Response) -> dict[str, Any] | None:
+    """The `Status` an error answer carries, or None. Read first: lightkube's watch raises httpx's
+    own error for a refused watch without reading the streamed body, and that body holds what the
+    user needs (for a 403, which identity may not do what)."""
+    try:
+        resp.read()
+        body = resp.json()
+    except (httpx2.HTTPError, httpx2.StreamError, ValueError):
+        return None
+    return body if isinstance(body, dict) and body.get("kind") == "Status" else None
 
 
 @contextlib.contextmanager

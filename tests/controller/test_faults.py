@@ -291,7 +291,11 @@ def test_a_denied_pod_watch_is_a_warning_and_a_metric(cluster: Cluster, tmp_path
 
             (first, *_) = eventually("a WARNING about the pod watch", warnings, timeout=30)
             assert proc.poll() is None, "a denied watch must not end the controller"
-            assert "403" in first["msg"] and "Forbidden" in first["msg"], first
+            # The API server's own words: who may not do what, and the code (not httpx's "Client
+            # error ... for url" with a link to MDN, which a refused watch used to log).
+            msg = first["msg"]
+            assert f'User "system:serviceaccount:default:{account}" cannot watch resource "pods"' in msg, msg
+            assert "(403 Forbidden)" in msg and "\n" not in msg, msg
             failures = watch_failures(port)
             assert failures.get("Pod", 0) >= 3, failures
             # Only the denied watch is counted: the claim and domain watches work.
