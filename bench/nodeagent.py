@@ -210,7 +210,7 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         results["claims"] = len(claims)
     finally:
         if agent is not None:
-            agent.terminate()
+            agent.close()
         if host is not None:
             ap.stop_daemons(host)
             ap.remove_host(host)

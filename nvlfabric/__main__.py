@@ -1,24 +1,27 @@
-"""`python -m nvlfabric agent|controller ...`: the node image's one entry point.
+"""`python -m nvlfabric agent|imex|controller ...`: the node image's one entry point.
 
-The DaemonSet runs `agent`, the controller's Deployment `controller` (same image); everything after
-the word goes to that process's own settings (`python -m nvlfabric agent --help`).
+The agent's DaemonSet runs `agent`, the IMEX keeper's DaemonSet `imex`, the controller's Deployment
+`controller` (same image); everything after the word goes to that process's own settings
+(`python -m nvlfabric agent --help`).
 """
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m nvlfabric {agent,controller} [options]"
+USAGE = "usage: python -m nvlfabric {agent,imex,controller} [options]"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] not in ("agent", "controller"):
+    if not args or args[0] not in ("agent", "imex", "controller"):
         print(f"{USAGE}\n(got {args[0]!r})" if args else USAGE, file=sys.stderr)
         return 2
     # Imported on demand: each process loads only its own room (the agent's 60 MB budget).
     if args[0] == "agent":
         from nvlfabric.nodeagent.__main__ import main as run
+    elif args[0] == "imex":
+        from nvlfabric.nodeagent.imexkeeper import main as run
     else:
         from nvlfabric.controller.__main__ import main as run
     return run(args[1:])

@@ -10,6 +10,7 @@ import json
 import shutil
 import socket
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from lightkube.models.resource_v1 import (
     OpaqueDeviceConfiguration,
     ResourceClaimSpec,
 )
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -39,9 +41,11 @@ from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.nodeagent import imex
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.sim.nodes import SimNode
 from tests.conftest import print_simulator_logs
 
 pytestmark = pytest.mark.cluster
@@ -228,3 +232,86 @@ def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: t
         faults.inject(cp.state_dir, node, "clear")
     eventually("the clique label to come back", lambda: pools.CLIQUE_LABEL in (
         client.get(Node, node.name).metadata.labels or {}), timeout=60)
+
+
+def _imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
+    """(pids of the clique's nvidia-imex on `node`, its nodes file)."""
+    d = node.kubelet_root / "plugins" / DRIVER / "imex" / f"clique-{clique}"
+    return imex.daemons_using(d / "config.cfg"), (d / "nodes.cfg").read_text()
+
+
+def _agent_pods(client: Client) -> dict[str, Pod]:
+    return {p.spec.nodeName: p for p in client.list(Pod, namespace="nvlfabric-system",
+                                                    labels={"app.kubernetes.io/name": "nvlfabric-agent"})}
+
+
+def _agents_serving(client: Client, image: str, restarts: dict[str, int] | None = None) -> bool:
+    pods = _agent_pods(client)
+    return len(pods) == 3 and all(
+        p.metadata.deletionTimestamp is None and p.status.phase == "Running" and p.spec.containers[0].image == image
+        and (restarts is None or (p.status.containerStatuses or [None])[0].restartCount > restarts.get(node, -1))
+        for node, p in pods.items())
+
+
+def test_running_pods_keep_their_imex_daemon_across_an_agent_kill_and_a_rolling_update(
+        sim: tuple[ControlPlane, Client]) -> None:
+    """The IMEX daemons belong to the keeper's DaemonSet: an agent SIGKILL (the kubelet restarts the
+    container) and a rolling update of the agent DaemonSet to a new image leave every daemon with
+    its pid and members, the pods with their channel and the claims prepared."""
+    cp, client = sim
+    nodes = {n.name: n for n in cp.nodes()}
+    names = sorted(nodes)[:2]
+    clique = eventually("the agents to label their Nodes", lambda: (
+        c.pop() if len(c := {(client.get(Node, n).metadata.labels or {}).get(pools.CLIQUE_LABEL)
+                            for n in names} - {None}) == 1 else None), timeout=90)
+    name = f"u-{uuid.uuid4().hex[:5]}"
+    domain(client, name, names)
+    try:
+        for i in range(2):
+            eventually(f"pod {name}-{i} to run", lambda i=i: (
+                client.get(Pod, f"{name}-{i}", namespace="default").status.phase == "Running"), timeout=120)
+        claim = client.get(ResourceClaim, f"{name}-channel", namespace="default")
+        before = {n: _imex_daemon(nodes[n], clique) for n in names}
+        assert all(len(pids) == 1 for pids, _ in before.values()), before
+        containers = {i: edits(cp.state_dir, n, f"{name}-{i}") for i, n in enumerate(names)}
+
+        def unchanged(when: str) -> None:
+            for n in names:
+                assert _imex_daemon(nodes[n], clique) == before[n], f"{when}: {n}'s IMEX daemon changed"
+                cp_file = nodes[n].kubelet_root / "plugins" / DRIVER / "checkpoint.json"
+                entry = json.loads(cp_file.read_text())["claims"][claim.metadata.uid]
+                assert entry["state"] == "PrepareCompleted", f"{when}: {n}: {entry}"
+            for i, n in enumerate(names):
+                pod = client.get(Pod, f"{name}-{i}", namespace="default")
+                assert pod.status.phase == "Running" and pod.metadata.deletionTimestamp is None, f"{when}: {pod.status}"
+                assert edits(cp.state_dir, n, f"{name}-{i}") == containers[i], f"{when}: the container changed"
+            now = client.get(ResourceClaim, f"{name}-channel", namespace="default")
+            assert now.status.allocation == claim.status.allocation
+            assert [r.uid for r in now.status.reservedFor] == [r.uid for r in claim.status.reservedFor]
+
+        image = _agent_pods(client)[names[0]].spec.containers[0].image
+        restarts = {n: p.status.containerStatuses[0].restartCount for n, p in _agent_pods(client).items()}
+        assert "killed pid" in faults.inject(cp.state_dir, nodes[names[0]], "agent-killed")
+        eventually("the kubelet to restart the killed agent", lambda: (
+            _agent_pods(client)[names[0]].status.containerStatuses[0].restartCount > restarts[names[0]]), timeout=60)
+        time.sleep(3)  # a resync (2 s here) of the restarted agent: it must leave the daemon alone too
+        unchanged("after the agent was killed")
+
+        new_image = image.rsplit(":", 1)[0] + ":0.1.1-rc1"
+        client.patch(DaemonSet, "nvlfabric-agent", {"spec": {"template": {"spec": {"containers": [
+            {"name": "agent", "image": new_image}]}}}}, namespace="nvlfabric-system")
+        eventually("the rolling update to replace every agent", lambda: _agents_serving(client, new_image),
+                   timeout=180)
+        time.sleep(3)
+        unchanged("after the rolling update")
+        keeper = {p.spec.nodeName: p for p in client.list(Pod, namespace="nvlfabric-system",
+                                                          labels={"app.kubernetes.io/name": "nvlfabric-imex"})}
+        assert all(p.spec.containers[0].image == image for p in keeper.values())  # the keeper was not rolled
+    finally:
+        for i in range(2):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, f"{name}-{i}", namespace="default")
+    for i in range(2):
+        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"))
+    client.delete(ComputeDomainResource, name, namespace="default")
+    client.delete(ResourceClaim, f"{name}-channel", namespace="default")

@@ -7,7 +7,8 @@ downward API). The agent:
    not ready, and says why), so the controller publishes the clique's channel pool;
 3. serves the kubelet plugin sockets and prepares channel claims (driver.py);
 4. re-checks the fabric and expires aborted checkpoint entries every --resync-seconds;
-5. on SIGTERM stops serving, removes its sockets and stops its IMEX daemons.
+5. on SIGTERM stops serving and removes its sockets; the IMEX daemons run on, in the node's IMEX
+   keeper (`python -m nvlfabric imex`), so prepared claims keep their NVLink imports.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
     driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths,
-                           imex_modes=args.imex_modes)
+                           imex_modes=args.imex_modes, imex_keeper=args.imex_keeper_socket)
     sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
     current = {"found": found}
 

@@ -31,8 +31,10 @@ prepare retry is then refused); completed → CDI spec removed, the channel node
 other claim uses that channel, this node's status entry withdrawn, and only then the checkpoint
 entry removed, so an agent killed at any point finishes the job when the kubelet retries.
 
-At start the agent removes temporary files of interrupted writes and stops IMEX daemons an earlier
-agent process left behind; `housekeeping` (re)starts the IMEX domains its prepared claims need.
+At start the agent removes temporary files of interrupted writes. The IMEX daemons are not its
+children: the node's IMEX keeper runs them (imexkeeper.py), so an agent restart finds them running
+and takes them as they are; `housekeeping` (re)starts only the domains whose daemon is gone and
+follows membership changes.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.api.channelconfig import ChannelConfig
 from nvlfabric.api.names import DRIVER
-from nvlfabric.nodeagent import cdi, checkpoint, imex, kubeapi
+from nvlfabric.nodeagent import cdi, checkpoint, imex, imexkeeper, kubeapi
 from nvlfabric.nodeagent.kubeapi import Client
 from nvlfabric.nodeagent.server import ClaimRef, PreparedDevice
 
@@ -131,14 +133,19 @@ def _check_ref(c: ClaimRef) -> None:
 class ChannelDriver:
     def __init__(self, *, client: Client, node: NodeIdentity, paths: Paths,
                  clock: Callable[[], datetime] = _now,
-                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
+                 imex_keeper: Path | None = None) -> None:
+        """`imex_keeper`: the IMEX keeper's socket, which runs the daemons (the agent's way: they
+        outlive this process); None runs them as children of this process (tests of this class)."""
         self.client = client
+        self.imex_keeper = imex_keeper
         self.imex_modes = imex_modes
         self.node = node
         self.paths = paths
         self.clock = clock
         self._lock = threading.Lock()
         self._domains: dict[str, imex.ImexDomain] = {}
+        """The IMEX domains this process has used; with a keeper, handles on the keeper's daemons."""
         self._answers: dict[str, str] = {}
         """Completed claims this process has answered, with the request name they were answered for:
         the warm path rebuilds its reply from the entry (see the module doc). Only the (interned)
@@ -148,12 +155,9 @@ class ChannelDriver:
         if not report.ok:
             log.warning("checkpoint: %s", report)
         removed = cdi.remove_temp_files(paths.cdi_dir, paths.driver_root)
-        stopped, removed_imex = imex.clean_workdir(paths.imex_workdir)
+        removed_imex = imex.clean_workdir(paths.imex_workdir)
         if removed or removed_imex:
             log.info("removed %d temporary file(s) of interrupted writes", len(removed) + len(removed_imex))
-        if stopped:
-            log.warning("stopped %d IMEX daemon(s) an earlier agent process left running (pids %s); the domains "
-                        "prepared claims need are restarted", len(stopped), ", ".join(map(str, stopped)))
         self._major: int | None = None
         self._recovered = False
 
@@ -364,11 +368,16 @@ class ChannelDriver:
             domain.stop()  # cannot happen while the controller keeps slots; if it did, follow the status
             domain = None
         if domain is None:
-            domain = imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir,
-                                     driver_root=self.paths.driver_root, bind_address=self.node.address,
-                                     server_port=ports.server, cmd_port=ports.cmd)
-            self._domains[domain_id] = domain
+            domain = self._domains[domain_id] = self._new_domain(domain_id, ports)
         return domain
+
+    def _new_domain(self, domain_id: str, ports: imex.DomainPorts) -> imex.ImexDomain:
+        if self.imex_keeper is not None:
+            return imexkeeper.KeeperDomain(self.imex_keeper, domain_id=domain_id, workdir=self.paths.imex_workdir,
+                                           driver_root=self.paths.driver_root, bind_address=self.node.address,
+                                           server_port=ports.server, cmd_port=ports.cmd)
+        return imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir, driver_root=self.paths.driver_root,
+                               bind_address=self.node.address, server_port=ports.server, cmd_port=ports.cmd)
 
     def _dedicated_view(self, namespace: str, name: str, uid: str) -> tuple[int | None, list[str]]:
         """(port slot, member addresses) of a dedicated domain, from its status."""
@@ -403,12 +412,9 @@ class ChannelDriver:
                 e.allocation.imex_domain_id == domain_id and e.uid != entry.uid
                 and e.state is not checkpoint.ClaimState.PREPARE_ABORTED for e in self.state.claims):
             return
-        domain = self._domains.pop(domain_id, None)
-        if domain is not None:
-            domain.stop()
-        else:  # an earlier agent process started it: its files (and any daemon) by path
-            imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir, driver_root=self.paths.driver_root,
-                            bind_address=self.node.address).stop_leftover()
+        # Not in _domains when an earlier agent process started it: the keeper knows it by its id.
+        domain = self._domains.pop(domain_id, None) or self._new_domain(domain_id, imex.ports_for_slot(0))
+        domain.stop()
         shutil.rmtree(self.paths.imex_workdir / domain_id, ignore_errors=True)
 
     def has_dedicated(self) -> bool:
@@ -425,12 +431,7 @@ class ChannelDriver:
 
     @staticmethod
     def _run(domain: imex.ImexDomain, members: Sequence[str]) -> str | None:
-        """Start the daemon if it is not running, else follow the members (SIGUSR1 on a change);
-        says which ("started", "members changed") or None."""
-        if domain.poll() is not None or domain.pid is None:
-            domain.ensure_running(members)
-            return "started"
-        return "members changed" if domain.update_members(members) else None
+        return domain.run(members)
 
     def _run_until_ready(self, domain: imex.ImexDomain, members: Sequence[str], deadline: float, what: str) -> None:
         """`_run`, then wait for READY within what is left of the kubelet's budget."""
@@ -624,6 +625,8 @@ class ChannelDriver:
                 log.warning("IMEX domain %s: %s", domain_id, exc)
 
     def stop(self) -> None:
-        """Agent shutdown: daemons keep running only as long as the agent (the kubelet restarts it)."""
-        for d in self._domains.values():
-            d.stop()
+        """Agent shutdown. The keeper's daemons keep running: they serve prepared claims, and the next
+        agent process takes them over as they are. Daemons of this process's own (no keeper) stop."""
+        if self.imex_keeper is None:
+            for d in self._domains.values():
+                d.stop()

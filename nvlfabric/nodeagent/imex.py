@@ -25,6 +25,12 @@ dedicated domains of its clique and recorded on the ComputeDomain, so all member
 talking to each other and no node (a node is in exactly one clique) sees two domains on one slot.
 Before starting, the agent checks the ports are free on its address and says which one is taken.
 
+Who runs it: the node's IMEX keeper (`imexkeeper.py`, its own DaemonSet), never the agent process,
+so an agent crash, OOM kill or upgrade leaves every daemon and its imported NVLink mappings alone.
+A keeper that starts where daemons of an earlier keeper still run (host processes, a shared pid
+namespace) adopts each of them instead of restarting it (`adopt`): the daemon runs from the files
+this module wrote, so the files say what it runs with.
+
 Not thread-safe: the caller serialises calls per domain.
 """
 
@@ -63,9 +69,11 @@ __all__ = [
     "PortInUse",
     "QueryResult",
     "WaitForQuorum",
+    "adopt_all",
     "canonical_members",
     "clean_workdir",
     "daemons_using",
+    "is_domain_id",
     "ports_for_slot",
     "render_nodes",
 ]
@@ -79,6 +87,11 @@ MAX_DOMAIN_SLOTS = 100
 
 _DOMAIN_ID = re.compile(r"^[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,252})$")
+
+
+def is_domain_id(value: str) -> bool:
+    """A name `ImexDomain` accepts as a domain id (and so as a directory name under the work dir)."""
+    return bool(_DOMAIN_ID.match(value))
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,19 @@ class ImexConfig(BaseModel):
     IMEX_CMD_PORT: Port = DEFAULT_CMD_PORT
     IMEX_NODE_DISCONNECTED_GRACE_TIME: Annotated[int, Field(ge=-1)] = -1
     """Seconds a lost peer stays RECOVERING before its imports are cleaned up; -1 = wait forever."""
+
+    @classmethod
+    def parse(cls, text: str) -> ImexConfig:
+        """The keys of a config file this module rendered (comments and unknown keys ignored)."""
+        values: dict[str, str | int] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            field = cls.model_fields.get(key.strip())
+            if sep and not line.startswith("#") and field is not None:
+                # The file has no types: the numeric keys are those whose default is a number.
+                numeric = isinstance(field.default, int) and not isinstance(field.default, enum.Enum)
+                values[key.strip()] = int(value) if numeric else value.strip()
+        return cls.model_validate(values)
 
     def render(self, *, header: str = "") -> str:
         lines = [f"# {line}".rstrip() for line in header.splitlines()]
@@ -273,29 +299,63 @@ def _terminate(pids: Iterable[int], timeout: float) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def clean_workdir(workdir: str | os.PathLike[str], *, stop_timeout: float = 5.0) -> tuple[list[int], list[Path]]:
-    """At agent start: stop every daemon an earlier agent process of this node left running, and
-    remove temporary files of its interrupted writes. Returns (stopped pids, removed files).
+def clean_workdir(workdir: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files of interrupted writes under the domains' directories; returns them.
 
-    In a container the daemons die with the agent; where they survive (a shared pid namespace, or
-    processes outside any container), an orphan would hold its domain's ports, so that the next
-    start fails, and nobody would stop it. The agent restarts the domains its prepared claims need.
+    Running daemons are left alone: they serve prepared claims (see `adopt_all`).
     """
     root = Path(workdir)
-    stopped: list[int] = []
     removed: list[Path] = []
     if not root.is_dir():
-        return stopped, removed
+        return removed
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        pids = daemons_using(d / "config.cfg")
-        _terminate(pids, stop_timeout)
-        stopped += pids
-        (d / "imex.pid").unlink(missing_ok=True)
         for tmp in d.glob(".*.tmp"):
             with contextlib.suppress(OSError):
                 tmp.unlink()
                 removed.append(tmp)
-    return stopped, removed
+    return removed
+
+
+def adopt_all(workdir: str | os.PathLike[str], driver_root: str | os.PathLike[str], *,
+              stop_timeout: float = 5.0) -> tuple[dict[str, ImexDomain], list[int]]:
+    """At keeper start: take over the daemons an earlier keeper process left running.
+
+    A domain directory with exactly one live daemon of its config, and a config file this module
+    can read, becomes an `ImexDomain` holding that daemon (no restart: its NVLink imports survive).
+    Anything else that runs (two daemons of one config, a config that does not parse) is stopped,
+    since it would hold the domain's ports and nobody could say what it runs with. Returns (the
+    adopted domains by id, the pids stopped).
+    """
+    root = Path(workdir)
+    adopted: dict[str, ImexDomain] = {}
+    stopped: list[int] = []
+    if not root.is_dir():
+        return adopted, stopped
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        pids = daemons_using(d / "config.cfg")
+        if not pids:
+            (d / "imex.pid").unlink(missing_ok=True)
+            continue
+        domain: ImexDomain | None = None
+        if len(pids) == 1 and _DOMAIN_ID.match(d.name):
+            try:
+                cfg = ImexConfig.parse((d / "config.cfg").read_text())
+                members = canonical_members((d / "nodes.cfg").read_text().split())
+                domain = ImexDomain(domain_id=d.name, workdir=root, driver_root=driver_root,
+                                    bind_address=cfg.BIND_INTERFACE_IP, server_port=cfg.SERVER_PORT,
+                                    cmd_port=cfg.IMEX_CMD_PORT, log_level=cfg.LOG_LEVEL,
+                                    grace_time=cfg.IMEX_NODE_DISCONNECTED_GRACE_TIME,
+                                    wait_for_quorum=cfg.IMEX_WAIT_FOR_QUORUM, stop_timeout=stop_timeout)
+                domain._adopt(pids[0], members)
+            except (OSError, ValueError):
+                domain = None
+        if domain is None:
+            _terminate(pids, stop_timeout)
+            stopped += pids
+            (d / "imex.pid").unlink(missing_ok=True)
+        else:
+            adopted[d.name] = domain
+    return adopted, stopped
 
 
 class ImexDomain:
@@ -344,6 +404,8 @@ class ImexDomain:
         self.stop_timeout = stop_timeout
         self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
+        self._adopted: int | None = None
+        """The pid of a daemon an earlier keeper started (not our child: no exit status to wait for)."""
         self._members: list[str] | None = None
 
     def __repr__(self) -> str:
@@ -351,7 +413,27 @@ class ImexDomain:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        if self._proc is not None:
+            return self._proc.pid
+        return self._adopted
+
+    @property
+    def adopted(self) -> bool:
+        """The daemon was started by an earlier keeper process and taken over by this one."""
+        return self._adopted is not None
+
+    def _adopt(self, pid: int, members: list[str]) -> None:
+        self._proc, self._adopted, self._members = None, pid, members
+        _atomic_write(self.pid_path, f"{pid}\n")
+
+    def _running(self) -> bool:
+        return self.poll() is None and self.pid is not None
+
+    def _signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     @property
     def members(self) -> list[str]:
@@ -377,13 +459,21 @@ class ImexDomain:
             header=f"nvlfabric node agent: IMEX domain {self.domain_id}; written by the agent, do not edit"))
         nodes_changed = _atomic_write(self.nodes_path, render_nodes(ordered))
         self._members = ordered
-        if self._proc is not None and self._proc.poll() is None:
+        if self._running():
             if config_changed:
                 self.restart()
             elif nodes_changed:
-                self._proc.send_signal(signal.SIGUSR1)
+                self._signal(signal.SIGUSR1)
             return
         self._start()
+
+    def run(self, members: Sequence[str]) -> str | None:
+        """Start the daemon if it is not running, else follow the members (SIGUSR1 on a change);
+        says which ("started", "members changed") or None."""
+        if not self._running():
+            self.ensure_running(members)
+            return "started"
+        return "members changed" if self.update_members(members) else None
 
     def update_members(self, members: Sequence[str]) -> bool:
         """Rewrite the nodes file atomically and, if it changed and the daemon runs, send SIGUSR1.
@@ -393,8 +483,8 @@ class ImexDomain:
         ordered = self._canonical(members)
         changed = _atomic_write(self.nodes_path, render_nodes(ordered))
         self._members = ordered
-        if changed and self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGUSR1)
+        if changed and self._running():
+            self._signal(signal.SIGUSR1)
         return changed
 
     def restart(self) -> None:
@@ -420,36 +510,38 @@ class ImexDomain:
             )
         _atomic_write(self.pid_path, f"{self._proc.pid}\n")
 
-    def stop_leftover(self) -> None:
-        """Stop a daemon of this domain that an earlier agent process started (no handle here)."""
-        self._kill_stale()
-
     def _kill_stale(self) -> None:
-        """A daemon of this domain left by an earlier agent process (which was killed) holds the ports.
-
-        Found by its command line (`-c <this config>`), not only through the pid file: an agent killed
-        between spawning the daemon and writing the pid file leaves a daemon no pid file names.
-        """
-        own = self._proc.pid if self._proc is not None else None
+        """A daemon of this domain nobody here holds (a keeper killed between spawning it and
+        recording it) would hold the ports; found by its command line (`-c <this config>`), not
+        through the pid file, which such a kill leaves unwritten."""
+        own = self.pid
         _terminate([pid for pid in daemons_using(self.config_path) if pid != own], self.stop_timeout)
         self.pid_path.unlink(missing_ok=True)
 
     def _reap(self) -> None:
-        if self._proc is not None and self._proc.poll() is not None:
-            self._proc = None
+        if self.poll() is not None:
+            self._proc = self._adopted = None
 
     def poll(self) -> int | None:
         """The exit status if the daemon died on its own (negative: killed by that signal), else None.
 
         None also when it was never started or was stopped with `stop()`. The caller decides whether
-        to restart (`ensure_running`) and how to report it; the log is in `log_path`.
+        to restart (`ensure_running`) and how to report it; the log is in `log_path`. An adopted
+        daemon is not our child, so its status is unknown: 255 once it is gone.
         """
-        return self._proc.poll() if self._proc is not None else None
+        if self._proc is not None:
+            return self._proc.poll()
+        if self._adopted is not None and not _pid_alive(self._adopted):
+            return 255
+        return None
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after `stop_timeout`; waits for the process. Returns its exit status."""
         proc, self._proc = self._proc, None
+        adopted, self._adopted = self._adopted, None
         code: int | None = None
+        if adopted is not None:  # not our child: no status to collect
+            _terminate([adopted], self.stop_timeout)
         if proc is not None:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -479,7 +571,7 @@ class ImexDomain:
 
     def ready(self) -> bool:
         """The daemon runs and answers exactly `READY\\n` with exit 0."""
-        if self._proc is None or self._proc.poll() is not None:
+        if not self._running():
             return False
         return self.query().ready
 
@@ -494,7 +586,7 @@ class ImexDomain:
                 raise ImexDaemonExited(f"IMEX domain {self.domain_id} on {self.bind_address}: the daemon exited "
                                        f"with status {code} before it was READY; log {self.log_path}: "
                                        f"{self.log_tail()}", code)
-            if self._proc is None:
+            if self.pid is None:
                 raise ImexError(f"IMEX domain {self.domain_id}: wait_ready on a daemon that is not started")
             last = self.query()
             if last.ready:

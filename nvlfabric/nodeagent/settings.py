@@ -16,7 +16,7 @@ from pathlib import Path
 from nvlfabric.api import process
 from nvlfabric.api.computedomain import IMEXMode
 from nvlfabric.api.process import SettingsError
-from nvlfabric.nodeagent import checkpoint
+from nvlfabric.nodeagent import checkpoint, imexkeeper
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -47,6 +47,8 @@ class Settings:
     """gRPC health service that checks the kubelet sockets; 0 disables."""
     metrics_port: int
     """Prometheus metrics (/metrics); 0 disables."""
+    imex_keeper_socket: Path
+    """The IMEX keeper's socket (the `nvlfabric-imex` DaemonSet's pod runs this node's IMEX daemons)."""
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -71,6 +73,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     opt("--listen-address", "LISTEN_ADDRESS", "", "address for the health and metrics ports (the pod IP)")
     opt("--health-port", "HEALTH_PORT", "51515", "gRPC health service that checks the kubelet sockets; 0 disables")
     opt("--metrics-port", "METRICS_PORT", "0", "Prometheus metrics (/metrics); 0 disables")
+    opt("--imex-keeper-socket", "IMEX_KEEPER_SOCKET", "",
+        "the IMEX keeper's socket (default: keeper.sock in the IMEX work directory under the kubelet root)")
     return ap
 
 
@@ -100,4 +104,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         resync_s=process.seconds(a.resync_seconds, flag="--resync-seconds", env="RESYNC_SECONDS"),
         imex_modes=_imex_modes(a.imex_modes), log_format=a.log_format, listen_address=a.listen_address,
         health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
-        metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"))
+        metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"),
+        imex_keeper_socket=Path(a.imex_keeper_socket) if a.imex_keeper_socket else
+        imexkeeper.default_workdir(Path(a.kubelet_root)) / imexkeeper.SOCKET_NAME)

@@ -322,7 +322,12 @@ def delete_domain(client: Client, name: str, namespace: str = "default") -> None
 
 
 class AgentProcess:
-    """`python -m nvlfabric agent` for `host`, started and killed like the kubelet's container runtime."""
+    """`python -m nvlfabric agent` for `host`, started and killed like the kubelet's container runtime.
+
+    The host's IMEX keeper (`python -m nvlfabric imex`, its own DaemonSet in a cluster) is started
+    with the agent's first start and lives on when the agent is killed or stopped, as its pod would:
+    `close()` ends both.
+    """
 
     def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0,
                  in_cluster: tuple[str, Path] | None = None, health_port: int = 0, metrics_port: int = 0) -> None:
@@ -336,6 +341,7 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = host.node.dir / "agent.log"
         self.starts = 0
+        self.keeper = KeeperProcess(host)
 
     def argv(self) -> list[str]:
         n = self.host.node
@@ -351,6 +357,8 @@ class AgentProcess:
 
     def spawn(self) -> subprocess.Popen[bytes]:
         assert not self.alive, "the agent is already running"
+        if not self.keeper.alive:
+            self.keeper.start()
         env = {**os.environ, **hardware.node_env(self.host.state, self.host.node)}
         if self.in_cluster is not None:
             host, _, port = self.in_cluster[0].rpartition(":")
@@ -406,6 +414,77 @@ class AgentProcess:
 
     def terminate(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, as the kubelet stops a container; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        """The agent and its keeper stopped (SIGTERM; the keeper stops its IMEX daemons)."""
+        self.terminate()
+        self.keeper.terminate()
+
+
+class KeeperProcess:
+    """`python -m nvlfabric imex` for `host`: the IMEX daemons' owner, apart from the agent."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = host.node.dir / "imex-keeper.log"
+
+    @property
+    def socket(self) -> Path:
+        return self.host.imex_workdir / "keeper.sock"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 20.0) -> None:
+        n = self.host.node
+        env = {**os.environ, **hardware.node_env(self.host.state, n)}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nvlfabric", "imex", "--kubelet-root", str(n.kubelet_root),
+                 "--driver-root", str(n.driver_root), "--log-format", "text"],
+                cwd=self.host.state, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if not self.alive or time.monotonic() > deadline:
+                raise AssertionError(f"the IMEX keeper did not serve on {self.socket}; log:\n{self.tail()}")
+            time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1)
+                s.connect(str(self.socket))
+                s.sendall(b'{"op": "status"}\n')
+                return s.recv(1).startswith(b"{")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:

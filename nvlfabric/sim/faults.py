@@ -69,7 +69,8 @@ def inject(state_dir: Path, node: SimNode, fault: str, gpus: list[int] | None = 
 
 def _kill_agents(node: SimNode) -> str:
     killed = []
-    for pid_file in sorted((node.dir / "pods").glob("*/*.pid")):
+    # The agent container only: the IMEX keeper's pod (container "imex") runs on, as it would.
+    for pid_file in sorted((node.dir / "pods").glob("*/agent.pid")):
         try:
             pid = int(pid_file.read_text())
             os.kill(pid, signal.SIGKILL)

@@ -15,8 +15,8 @@ After every call and every restart the node's state must agree with what the kub
   the same answer;
 - a claim the kubelet considers unprepared has no CDI spec, no channel node and no live entry;
 - the checkpoint always loads (status loaded, checksum verified), no temporary file is left behind,
-  and there is never more than one nvidia-imex daemon per IMEX domain; once prepared claims need it,
-  the restarted agent runs the domain again, and a stopped agent leaves no daemon.
+  and there is never more than one nvidia-imex daemon per IMEX domain; the daemon is the IMEX
+  keeper's, so no kill of the agent (nor its SIGTERM) restarts it, and the keeper's SIGTERM stops it.
 
 NVLFABRIC_CRASH_SEED replays a schedule (the calls and the kill delays; where in the agent's work a
 kill lands also depends on timing); NVLFABRIC_CRASH_CYCLES changes the length (default 200).
@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -87,6 +88,7 @@ def node(cluster: Cluster) -> Iterator[Node]:
         yield Node(host, agent, claims, channel)
     finally:
         agent.kill()
+        agent.keeper.kill()
         ap.stop_daemons(host)
         for n in names:
             ap.delete_domain(client, n)
@@ -357,17 +359,14 @@ def test_sigkill_at_random_moments_loses_no_claim_and_leaks_nothing(node: Node) 
     run = CrashRun(node, SEED)
     run.run(CYCLES)
 
-    # A restarted agent brings back the IMEX domain its prepared claims need, and an agent stopped
-    # with SIGTERM leaves no daemon behind (not even one an earlier, killed agent started).
+    # Every kill left the clique's IMEX daemon alone: it belongs to the keeper, not to the agent.
     for c in node.claims:
         if c.uid not in run.k.prepared:
             run.call_without_kill("prepare", [c])
+    daemons = node.host.imex_daemons()
     run.kill("idle")
-    try:
-        eventually("the restarted agent to run the clique's IMEX domain again", lambda: len(
-            node.host.imex_daemons()) == 1, timeout=20)
-    except AssertionError as exc:
-        run.fail(str(exc))
+    if len(daemons) != 1 or node.host.imex_daemons() != daemons:
+        run.fail(f"the IMEX daemon changed across an agent kill: {daemons} then {node.host.imex_daemons()}")
     run.settle_everything()
     host = node.host
     cp = run.check_checkpoint_file()
@@ -378,8 +377,12 @@ def test_sigkill_at_random_moments_loses_no_claim_and_leaks_nothing(node: Node) 
         run.fail(f"after unpreparing everything: {leftovers}")
     if (rc := node.agent.terminate()) != 0:
         run.fail(f"the agent exited with {rc} on SIGTERM")
+    if host.imex_daemons() != daemons:  # an agent upgrade stops the agent this way
+        run.fail(f"the agent's SIGTERM touched the IMEX daemon: {daemons} then {host.imex_daemons()}")
+    if (rc := node.agent.keeper.terminate()) != 0:
+        run.fail(f"the IMEX keeper exited with {rc} on SIGTERM; log:\n{node.agent.keeper.tail()}")
     try:
-        eventually("no nvidia-imex daemon once the agent stopped", lambda: not host.imex_daemons(), timeout=10)
+        eventually("no nvidia-imex daemon once the keeper stopped", lambda: not host.imex_daemons(), timeout=10)
     except AssertionError as exc:
         run.fail(str(exc))
     kills = sum(run.k.kills.values())
@@ -440,37 +443,35 @@ def test_a_prepare_killed_after_its_side_effects_is_undone_by_unprepare(node: No
     kubelet.close()
 
 
-def test_an_imex_daemon_left_by_a_killed_agent_is_stopped_and_the_domain_restarted(node: Node) -> None:
-    from nvlfabric.nodeagent import imex
-
+def test_the_imex_daemon_outlives_agent_kills_and_a_keeper_restart_adopts_it(node: Node) -> None:
     host, c = node.host, node.claims[0]
-    # A daemon of the clique's domain whose agent was killed before it wrote the pid file.
-    orphan = imex.ImexDomain(domain_id=f"clique-{host.clique}", workdir=host.imex_workdir,
-                             driver_root=host.node.driver_root, bind_address=host.node.address)
-    orphan.ensure_running([host.node.address])
-    orphan.pid_path.unlink()
-    assert orphan.pid in host.imex_daemons()
-    try:
-        node.agent.start()
-        assert orphan.pid not in host.imex_daemons()
-        kubelet = ap.Kubelet(host.endpoint)
-        result = kubelet.prepare([c])[c.uid]
-        assert not isinstance(result, str), result  # the ports were free for the new daemon
-        (daemon,) = host.imex_daemons()
-        # Killed again: the next agent stops that daemon and, since a prepared claim needs the
-        # domain, starts it again by itself (housekeeping), without waiting for another prepare.
-        node.agent.kill()
-        node.agent.start()
-        eventually("the domain to run again", lambda: len(d := host.imex_daemons()) == 1 and daemon not in d)
-        kubelet.reconnect()
-        assert kubelet.unprepare([c]) == {c.uid: ""}
-        kubelet.close()
-        assert node.agent.terminate() == 0
-        assert not host.imex_daemons()
-    finally:
-        if orphan._proc is not None:
-            orphan._proc.kill()
-            orphan._proc.wait()
+    node.agent.start()
+    kubelet = ap.Kubelet(host.endpoint)
+    result = kubelet.prepare([c])[c.uid]
+    assert not isinstance(result, str), result
+    (daemon,) = host.imex_daemons()
+    # The agent killed (a crash, an OOM kill) and stopped (an upgrade): the daemon, and so every
+    # NVLink import through it, stays; the next agent answers from it without a restart.
+    node.agent.kill()
+    assert list(host.imex_daemons()) == [daemon]
+    node.agent.start()
+    assert node.agent.terminate() == 0 and list(host.imex_daemons()) == [daemon]
+    node.agent.start()
+    kubelet.reconnect()
+    assert kubelet.prepare([c])[c.uid] == result and list(host.imex_daemons()) == [daemon]
+    # The keeper itself killed: where its daemons outlive it, the next keeper adopts them.
+    node.agent.keeper.kill()
+    node.agent.keeper.start()
+    assert list(host.imex_daemons()) == [daemon]
+    assert "adopted the running daemon" in node.agent.keeper.tail()
+    # The daemon dies on its own: the agent's housekeeping (every resync, 1 s here) starts it again.
+    os.kill(daemon, signal.SIGKILL)
+    eventually("the domain to run again", lambda: len(d := host.imex_daemons()) == 1 and daemon not in d)
+    assert kubelet.unprepare([c]) == {c.uid: ""}
+    kubelet.close()
+    assert node.agent.terminate() == 0 and len(host.imex_daemons()) == 1  # the clique's domain stays
+    assert node.agent.keeper.terminate() == 0
+    assert not host.imex_daemons()
 
 
 def test_a_claim_allocated_anew_under_its_uid_is_prepared_anew(node: Node, cluster: Cluster) -> None:

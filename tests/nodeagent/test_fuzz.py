@@ -84,7 +84,7 @@ def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
         yield Fuzz(client, host, agent, kubelet, good, answers, dict(config))
     finally:
         kubelet.close()
-        agent.terminate()
+        agent.close()
         ap.stop_daemons(host)
         for rc in client.list(ResourceClaim, namespace="default", labels={"nvlfabric.io/fuzz": "1"}):
             with contextlib.suppress(ApiError):

@@ -1,0 +1,376 @@
+"""The node's IMEX keeper: the process that owns this node's IMEX daemons, apart from the agent.
+
+An IMEX daemon restart invalidates every NVLink mapping imported through it, so the daemons must
+not share the agent's lifetime: the agent is restarted by crashes, OOM kills and every DaemonSet
+rolling update, and in a container its children die with it. The keeper is a small process with
+no API client and no gRPC (the standard library and pydantic), run by its own DaemonSet
+(`nvlfabric-imex`, update strategy OnDelete) that shares the IMEX work directory with the agent
+(`<kubelet root>/plugins/<driver>/imex`). The agent stays the brain: it decides which domains run
+with which members and waits for READY itself (`nvidia-imex-ctl`); the keeper only starts, signals
+and stops daemons when asked, and says what runs. At its own start it adopts the daemons a killed
+keeper left (`imex.adopt_all`), so even a keeper restart restarts nothing where daemons outlive it.
+
+The protocol: one JSON object per line over a unix socket in the work directory (`keeper.sock`),
+one request and one reply per connection. `Ensure` makes a domain's daemon run with the given
+ports and members (start it, SIGUSR1 on a membership change, restart on a changed config: what
+`ImexDomain.run` does); `Stop` stops it and removes its files; `Status` says what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import socketserver
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from nvlfabric.api import process
+from nvlfabric.api.names import DRIVER
+from nvlfabric.api.process import SettingsError
+from nvlfabric.nodeagent import imex
+
+log = logging.getLogger("nvlfabric.imexkeeper")
+
+SOCKET_NAME = "keeper.sock"
+CALL_TIMEOUT_S = 15.0
+"""A stop waits up to the domain's stop timeout (5 s) for SIGTERM to work; other calls take ms."""
+WATCH_S = 1.0
+"""How often the keeper looks for daemons that exited on their own (to say so in its log)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ensure(_Model):
+    op: Literal["ensure"] = "ensure"
+    domain: str
+    bind_address: str
+    server_port: int
+    cmd_port: int
+    members: list[str]
+
+
+class Stop(_Model):
+    op: Literal["stop"] = "stop"
+    domain: str
+
+
+class Status(_Model):
+    op: Literal["status"] = "status"
+
+
+Request = Annotated[Ensure | Stop | Status, Field(discriminator="op")]
+_REQUEST: TypeAdapter[Ensure | Stop | Status] = TypeAdapter(Request)
+
+
+class DomainState(_Model):
+    domain: str
+    pid: int | None
+    exit: int | None
+    """The exit status of a daemon that died on its own (255: an adopted one, status unknown)."""
+    members: list[str]
+    server_port: int
+    adopted: bool
+
+
+class Reply(_Model):
+    ok: bool = True
+    error: str = ""
+    done: str | None = None
+    """For Ensure: "started", "members changed", or None (nothing to do)."""
+    domains: list[DomainState] = []
+
+
+# -- the keeper ---------------------------------------------------------------------------------
+
+
+class Keeper:
+    """Every IMEX daemon of this node, behind one lock (ImexDomain is not thread-safe)."""
+
+    def __init__(self, workdir: Path, driver_root: Path) -> None:
+        self.workdir = workdir
+        self.driver_root = driver_root
+        self.lock = threading.Lock()
+        workdir.mkdir(parents=True, exist_ok=True)
+        imex.clean_workdir(workdir)
+        self.domains, stopped = imex.adopt_all(workdir, driver_root)
+        self._reported: set[tuple[str, int]] = set()
+        for d in self.domains.values():
+            log.info("IMEX domain %s: adopted the running daemon (pid %s, members %s)", d.domain_id, d.pid,
+                     ", ".join(d.members))
+        if stopped:
+            log.warning("stopped %d IMEX daemon(s) whose domain could not be adopted (pids %s)", len(stopped),
+                        ", ".join(map(str, stopped)))
+
+    def handle(self, req: Ensure | Stop | Status) -> Reply:
+        with self.lock:
+            if isinstance(req, Ensure):
+                return Reply(done=self._ensure(req))
+            if isinstance(req, Stop):
+                self._stop(req.domain)
+                return Reply()
+            return Reply(domains=[self._state(d) for d in sorted(self.domains.values(), key=lambda d: d.domain_id)])
+
+    def _ensure(self, req: Ensure) -> str | None:
+        d = self.domains.get(req.domain)
+        if d is not None and (d.config.SERVER_PORT, d.config.IMEX_CMD_PORT, d.bind_address) != (
+                req.server_port, req.cmd_port, req.bind_address):
+            log.info("IMEX domain %s: ports or address changed, restarting it", req.domain)
+            d.stop()
+            d = None
+        new = d is None
+        if d is None:
+            d = imex.ImexDomain(domain_id=req.domain, workdir=self.workdir, driver_root=self.driver_root,
+                                bind_address=req.bind_address, server_port=req.server_port, cmd_port=req.cmd_port)
+        before = d.poll()
+        try:
+            done = d.run(req.members)
+        except (imex.ImexError, OSError, ValueError):
+            if new and d.pid is None:
+                d.stop()  # nothing of it runs: it is not kept as a domain of this node
+            else:
+                self.domains[req.domain] = d
+            raise
+        self.domains[req.domain] = d
+        if done == "started":
+            log.info("IMEX domain %s: started the daemon (pid %s%s), members %s", req.domain, d.pid,
+                     f", the last one exited with {before}" if before is not None else "", ", ".join(d.members))
+        elif done:
+            log.info("IMEX domain %s: members now %s (SIGUSR1 to pid %s)", req.domain, ", ".join(d.members), d.pid)
+        return done
+
+    def _stop(self, domain_id: str) -> None:
+        d = self.domains.pop(domain_id, None)
+        if d is not None:
+            code = d.stop()
+            log.info("IMEX domain %s: stopped the daemon (status %s)", domain_id, code)
+        elif (self.workdir / domain_id / "config.cfg").exists():
+            # Not known here, yet it may run: a keeper killed between spawning and recording it.
+            with contextlib.suppress(ValueError):
+                imex.ImexDomain(domain_id=domain_id, workdir=self.workdir, driver_root=self.driver_root,
+                                bind_address="127.0.0.1")._kill_stale()
+        if imex.is_domain_id(domain_id):
+            shutil.rmtree(self.workdir / domain_id, ignore_errors=True)
+
+    def _state(self, d: imex.ImexDomain) -> DomainState:
+        return DomainState(domain=d.domain_id, pid=d.pid, exit=d.poll(), members=d.members,
+                           server_port=d.config.SERVER_PORT, adopted=d.adopted)
+
+    def watch(self) -> None:
+        """Say once in the log when a daemon exits on its own (the agent restarts it)."""
+        with self.lock:
+            for d in self.domains.values():
+                code, pid = d.poll(), d.pid
+                if code is not None and pid is not None and (d.domain_id, pid) not in self._reported:
+                    self._reported.add((d.domain_id, pid))
+                    log.warning("IMEX domain %s: the daemon (pid %s) exited with status %s; log: %s",
+                                d.domain_id, pid, code, d.log_tail())
+
+    def stop_all(self) -> None:
+        with self.lock:
+            for domain_id in sorted(self.domains):
+                self._stop_daemon_only(domain_id)
+
+    def _stop_daemon_only(self, domain_id: str) -> None:
+        d = self.domains.pop(domain_id)
+        log.info("IMEX domain %s: stopping the daemon (pid %s): the keeper stops", domain_id, d.pid)
+        d.stop()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: Server
+
+    def handle(self) -> None:
+        line = self.rfile.readline(1 << 20)
+        try:
+            reply = self.server.keeper.handle(_REQUEST.validate_json(line))
+        except ValidationError as exc:
+            reply = Reply(ok=False, error=f"bad request: {exc.errors()[0].get('msg', exc)}")
+        except (imex.ImexError, OSError, ValueError) as exc:
+            reply = Reply(ok=False, error=str(exc))
+        except Exception as exc:  # one bad call must not end the keeper: it holds every daemon
+            log.exception("internal error")
+            reply = Reply(ok=False, error=f"internal error: {type(exc).__name__}: {exc}")
+        self.wfile.write(reply.model_dump_json().encode() + b"\n")
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: Path, keeper: Keeper) -> None:
+        self.keeper = keeper
+        self.path = path
+        super().__init__(str(path), _Handler)
+
+    def close(self) -> None:
+        """Stop serving and remove the socket file (the daemons run on)."""
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def serve(keeper: Keeper, path: Path) -> Server:
+    """Listen on `path` (replacing a socket file a killed keeper left) in a background thread."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    server = Server(path, keeper)
+    threading.Thread(target=server.serve_forever, name="imex-keeper", daemon=True).start()
+    return server
+
+
+# -- the agent's side ---------------------------------------------------------------------------
+
+
+class KeeperUnavailable(imex.ImexError):
+    pass
+
+
+def call(path: Path, req: Ensure | Stop | Status, *, timeout: float = CALL_TIMEOUT_S) -> Reply:
+    """One request to the keeper at `path`; `KeeperUnavailable` if it does not answer, `ImexError`
+    with its message if it refuses."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(path))
+            s.sendall(req.model_dump_json().encode() + b"\n")
+            with s.makefile("rb") as f:
+                line = f.readline(1 << 22)
+    except OSError as exc:
+        raise KeeperUnavailable(f"the IMEX keeper at {path} does not answer ({exc.strerror or exc}); is the "
+                                "nvlfabric-imex DaemonSet's pod running on this node?") from exc
+    try:
+        reply = Reply.model_validate_json(line)
+    except ValidationError as exc:
+        raise KeeperUnavailable(f"the IMEX keeper at {path} answered {line[:200]!r}: not a reply") from exc
+    if not reply.ok:
+        raise imex.ImexError(f"the IMEX keeper refused: {reply.error}")
+    return reply
+
+
+class KeeperDomain(imex.ImexDomain):
+    """An IMEX domain as the agent sees it: the same files and readiness query as `ImexDomain`, its
+    daemon run by the keeper."""
+
+    def __init__(self, keeper_socket: Path, *, domain_id: str, workdir: Path, driver_root: Path,
+                 bind_address: str, server_port: int, cmd_port: int) -> None:
+        super().__init__(domain_id=domain_id, workdir=workdir, driver_root=driver_root, bind_address=bind_address,
+                         server_port=server_port, cmd_port=cmd_port)
+        self.keeper_socket = keeper_socket
+        self._state: DomainState | None = None
+
+    def __repr__(self) -> str:
+        return f"KeeperDomain({self.domain_id!r} on {self.bind_address} via {self.keeper_socket})"
+
+    def _refresh(self) -> DomainState | None:
+        reply = call(self.keeper_socket, Status())
+        self._state = next((d for d in reply.domains if d.domain == self.domain_id), None)
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        state = self._refresh()
+        return state.pid if state is not None else None
+
+    @property
+    def adopted(self) -> bool:
+        return bool(self._state and self._state.adopted)
+
+    @property
+    def members(self) -> list[str]:
+        return list(self._state.members) if self._state is not None else []
+
+    def poll(self) -> int | None:
+        state = self._refresh()
+        return state.exit if state is not None else None
+
+    def run(self, members: Sequence[str]) -> str | None:
+        ordered = self._canonical(members)
+        reply = call(self.keeper_socket, Ensure(domain=self.domain_id, bind_address=self.bind_address,
+                                                server_port=self.config.SERVER_PORT,
+                                                cmd_port=self.config.IMEX_CMD_PORT, members=ordered))
+        self._refresh()
+        return reply.done
+
+    def ensure_running(self, members: Sequence[str]) -> None:
+        self.run(members)
+
+    def update_members(self, members: Sequence[str]) -> bool:
+        return self.run(members) == "members changed"
+
+    def restart(self) -> None:
+        raise imex.ImexError("restart goes through the keeper: stop, then run")
+
+    def stop(self) -> int | None:
+        state = self._state
+        call(self.keeper_socket, Stop(domain=self.domain_id))
+        self._state = None
+        return state.exit if state is not None else None
+
+
+# -- `python -m nvlfabric imex` -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    workdir: Path
+    """The IMEX work directory the agent shares (`<kubelet root>/plugins/<driver>/imex`)."""
+    driver_root: Path
+    log_format: process.LogFormat
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / SOCKET_NAME
+
+
+def default_workdir(kubelet_root: Path) -> Path:
+    return kubelet_root / "plugins" / DRIVER / "imex"
+
+
+def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    ap = argparse.ArgumentParser(prog="python -m nvlfabric imex",
+                                 description="The nvlfabric IMEX keeper: runs this node's IMEX daemons.")
+    ap.add_argument("--kubelet-root", default=env.get("KUBELET_ROOT", "/var/lib/kubelet"), help="($KUBELET_ROOT)")
+    ap.add_argument("--driver-root", default=env.get("DRIVER_ROOT", "/run/nvidia/driver"),
+                    help="where nvidia-imex is ($DRIVER_ROOT)")
+    ap.add_argument("--log-format", default=env.get("LOG_FORMAT", "json"), choices=["json", "text"],
+                    help="($LOG_FORMAT)")
+    a = ap.parse_args(list(argv))
+    workdir = default_workdir(Path(a.kubelet_root))
+    if len(str(workdir / SOCKET_NAME)) >= 108:
+        raise SettingsError(f"--kubelet-root / $KUBELET_ROOT: the keeper's socket {workdir / SOCKET_NAME} is longer "
+                            "than a unix socket path may be (107 bytes); use a shorter kubelet root")
+    return Settings(workdir=workdir, driver_root=Path(a.driver_root), log_format=a.log_format)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse(sys.argv[1:] if argv is None else argv)
+    except SettingsError as exc:
+        print(f"nvlfabric imex: {exc}", file=sys.stderr)
+        return 2
+    process.setup_logging(cfg.log_format)
+    stop = process.stop_on_signals()
+    keeper = Keeper(cfg.workdir, cfg.driver_root)
+    server = serve(keeper, cfg.socket)
+    log.info("IMEX keeper serving on %s (%d daemon(s) adopted)", cfg.socket, len(keeper.domains))
+    try:
+        while not stop.wait(WATCH_S):
+            keeper.watch()
+    finally:
+        server.close()
+        keeper.stop_all()
+    return 0
+

@@ -1,0 +1,164 @@
+"""The IMEX keeper with the simulator's stand-in daemons: what the agent asks for runs, and what
+runs survives the agent and even the keeper process itself (it is adopted, not restarted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvlfabric.nodeagent import imex, imexkeeper
+from nvlfabric.nodeagent.imexkeeper import Ensure, Keeper, KeeperDomain, Status, Stop
+from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, wait_until
+
+__all__ = ["driver_root"]  # the session fixture, shared with test_imex
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, driver_root: Path) -> Iterator[Nodes]:
+    n = Nodes(tmp_path, driver_root)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def keeper_at(nodes: Nodes, i: int) -> tuple[Keeper, Path, imexkeeper.Server]:
+    workdir = nodes.root / f"node{i}"
+    keeper = Keeper(workdir, nodes.driver_root)
+    sock = Path(f"/tmp/nvlk-{os.getpid()}-{i}-{time.monotonic_ns()}.sock")  # unix socket paths are short
+    return keeper, sock, imexkeeper.serve(keeper, sock)
+
+
+def client(nodes: Nodes, i: int, sock: Path, domain_id: str = "clique-a") -> KeeperDomain:
+    return KeeperDomain(sock, domain_id=domain_id, workdir=nodes.root / f"node{i}", driver_root=nodes.driver_root,
+                        bind_address=ip(i), server_port=nodes.server_port, cmd_port=nodes.cmd_port)
+
+
+def test_the_agents_domain_runs_in_the_keeper_and_follows_members_without_restarts(nodes: Nodes) -> None:
+    keeper, sock, server = keeper_at(nodes, 1)
+    try:
+        d = client(nodes, 1, sock)
+        assert d.pid is None and d.poll() is None  # nothing runs yet
+        assert d.run([ip(1)]) == "started"
+        d.wait_ready(10)
+        pid = d.pid
+        assert pid is not None and d.members == [ip(1)]
+        assert d.run([ip(1)]) is None  # already so: nothing done
+        assert d.run([ip(2), ip(1)]) == "members changed"
+        assert d.pid == pid and d.members == [ip(1), ip(2)]
+        assert d.nodes_path.read_text() == f"{ip(1)}\n{ip(2)}\n"
+        # A second handle (a restarted agent) sees the same daemon and changes nothing.
+        again = client(nodes, 1, sock)
+        assert again.pid == pid and again.run([ip(1), ip(2)]) is None and again.pid == pid
+
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: d.poll(), what="the keeper to see the crash") == -signal.SIGKILL
+        assert d.run([ip(1), ip(2)]) == "started" and d.pid not in (None, pid)
+        d.wait_ready(10)
+        d.stop()
+        assert d.pid is None and not d.dir.exists()
+    finally:
+        server.close()
+        keeper.stop_all()
+
+
+def test_a_restarted_keeper_adopts_the_running_daemon_instead_of_restarting_it(nodes: Nodes) -> None:
+    keeper, sock, server = keeper_at(nodes, 1)
+    d = client(nodes, 1, sock)
+    d.run([ip(1), ip(2)])
+    d.wait_ready(10)
+    pid = d.pid
+    server.close()  # the keeper process is gone; its daemon is not
+    assert pid is not None and not gone(pid)
+
+    second, sock2, server2 = keeper_at(nodes, 1)
+    try:
+        (state,) = second.handle(Status()).domains
+        assert (state.pid, state.members, state.adopted, state.exit) == (pid, [ip(1), ip(2)], True, None)
+        d2 = client(nodes, 1, sock2)
+        assert d2.run([ip(1), ip(2)]) is None and d2.pid == pid  # same members: nothing to do
+        assert d2.ready()
+        assert d2.run([ip(1), ip(2), ip(3)]) == "members changed" and d2.pid == pid  # SIGUSR1, not a restart
+        os.kill(pid, signal.SIGKILL)  # not the keeper's child: it sees the exit, not the status
+        assert wait_until(lambda: d2.poll(), what="the adopted daemon's exit") == 255
+        assert d2.run([ip(1), ip(2), ip(3)]) == "started"
+        d2.wait_ready(10)
+        d2.stop()
+        assert not d2.dir.exists()
+    finally:
+        server2.close()
+        second.stop_all()
+        keeper.stop_all()
+
+
+def test_a_daemon_whose_files_do_not_say_what_it_runs_with_is_stopped(nodes: Nodes) -> None:
+    d = nodes.domain(1)
+    d.ensure_running([ip(1)])
+    d.wait_ready(10)
+    pid = d.pid
+    assert pid is not None
+    # Its nodes file no longer holds a member list (a hand edit, a torn write by other software):
+    # the keeper cannot say whom it serves, so it stops it and the agent starts the domain afresh.
+    d.nodes_path.write_text("-not-a-member-\n")
+    keeper = Keeper(nodes.root / "node1", nodes.driver_root)
+    assert keeper.domains == {}
+    assert not imex.daemons_using(d.config_path)
+    d._proc.wait(timeout=5)  # type: ignore[union-attr]  # reaped here only because it is our child
+    assert gone(pid)
+
+
+def test_an_absent_keeper_is_named_with_what_to_check(nodes: Nodes) -> None:
+    d = client(nodes, 1, nodes.root / "no-keeper.sock")
+    with pytest.raises(imexkeeper.KeeperUnavailable, match="nvlfabric-imex DaemonSet"):
+        d.run([ip(1)])
+
+
+def test_bad_requests_are_refused_and_the_keeper_stays(nodes: Nodes) -> None:
+    keeper, sock, server = keeper_at(nodes, 1)
+    try:
+        with pytest.raises(imex.ImexError, match="not among the members"):
+            imexkeeper.call(sock, Ensure(domain="clique-a", bind_address=ip(1), server_port=nodes.server_port,
+                                         cmd_port=nodes.cmd_port, members=[ip(2)]))
+        with pytest.raises(imex.ImexError, match="DNS label"):
+            imexkeeper.call(sock, Ensure(domain="../etc", bind_address=ip(1), server_port=1, cmd_port=2,
+                                         members=[ip(1)]))
+        imexkeeper.call(sock, Stop(domain="../etc"))  # nothing of that name: nothing removed
+        assert (nodes.root / "node1").is_dir()
+        assert imexkeeper.call(sock, Status()).domains == []
+    finally:
+        server.close()
+        keeper.stop_all()
+
+
+def test_the_keeper_process_stops_its_daemons_on_sigterm_and_says_so(nodes: Nodes, tmp_path: Path) -> None:
+    kubelet_root = Path(f"/tmp/nvlk-{os.getpid()}-root")
+    workdir = imexkeeper.default_workdir(kubelet_root)
+    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric", "imex", "--kubelet-root", str(kubelet_root),
+                             "--driver-root", str(nodes.driver_root), "--log-format", "text"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        sock = workdir / imexkeeper.SOCKET_NAME
+        wait_until(sock.exists, what="the keeper's socket")
+        d = KeeperDomain(sock, domain_id="clique-a", workdir=workdir, driver_root=nodes.driver_root,
+                         bind_address=ip(1), server_port=nodes.server_port, cmd_port=nodes.cmd_port)
+        d.run([ip(1)])
+        d.wait_ready(10)
+        pid = d.pid
+        assert pid is not None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert gone(pid) and not sock.exists()
+        assert "stopping the daemon" in err and "clique-a" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        import shutil
+        shutil.rmtree(kubelet_root, ignore_errors=True)
