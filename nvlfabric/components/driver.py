@@ -2,8 +2,8 @@
 
 Installs the ComputeDomain CRD and every object of the driver manifest (`nvlfabric.manifests`:
 `crds/`, `driver/driver.yaml`)
-(namespace, DeviceClass, RBAC, admission policies, the node-agent DaemonSet and the controller
-Deployment) through `pulumi_kubernetes.yaml.v2.ConfigGroup`, so the manifests stay the one source
+(namespace, DeviceClass, RBAC, admission policies, the node-agent and IMEX-keeper DaemonSets and
+the controller Deployment) through `pulumi_kubernetes.yaml.v2.ConfigGroup`, so the manifests stay the one source
 and this component only applies its settings to them. Every object is labelled
 `app.kubernetes.io/part-of: nvlfabric` and `app.kubernetes.io/component`.
 """
@@ -116,7 +116,7 @@ def crd_objects(args: NvlfabricDriverArgs) -> list[dict[str, Any]]:
 
 class NvlfabricDriver(pulumi.ComponentResource):
     """nvlfabric's DRA driver: the ComputeDomain CRD, the DeviceClass, RBAC, admission policies,
-    the node agent (DaemonSet) and the controller (Deployment)."""
+    the node agent and the IMEX keeper (DaemonSets) and the controller (Deployment)."""
 
     namespace: pulumi.Output[str]
     device_class: pulumi.Output[str]
