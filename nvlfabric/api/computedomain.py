@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
@@ -104,7 +104,8 @@ class Phase(StrEnum):
     - `Ready`: at least one member, every placed member is ready, and at least `numNodes` members
       are ready when `numNodes` is set.
     - `Degraded`: was Ready, and a member has since become not ready or left (fewer than
-      `numNodes`); workloads already running may continue.
+      `numNodes`), or a member node's NVLink fabric is unhealthy (`unhealthyNodes`, the
+      `FabricHealthy` condition); workloads already running may continue.
     - `Failed`: the spec cannot be satisfied and retrying will not help (for example the pinned
       clique does not exist, or `numNodes` exceeds the clique's size); the `Ready` condition's
       message says why.
@@ -130,6 +131,8 @@ class ConditionType(StrEnum):
 
     READY = "Ready"
     CHANNEL_ALLOCATED = "ChannelAllocated"
+    FABRIC_HEALTHY = "FabricHealthy"
+    """False while a member node's agent reports its NVLink fabric unhealthy (naming the nodes)."""
 
 
 def _immutable(field: str, why: str) -> JsonDict:
@@ -304,7 +307,8 @@ class ComputeDomainStatus(_Status):
         None,
         description="Lifecycle phase: Pending (no channel yet; also when unset), Allocating (channel "
                     "allocated, members joining), Ready (all placed members ready, and at least numNodes "
-                    "if set), Degraded (was Ready, a member is no longer ready), Failed (the spec cannot "
+                    "if set), Degraded (was Ready, a member is no longer ready or its node's NVLink fabric is "
+                    "unhealthy), Failed (the spec cannot "
                     "be satisfied; see the Ready condition).",
     )
     clique: str | None = Field(None, pattern=CLIQUE, max_length=CLIQUE_MAX,
@@ -331,9 +335,14 @@ class ComputeDomainStatus(_Status):
     total_nodes: int | None = Field(None, alias="totalNodes", ge=0,
                                     description="Number of entries in nodes.",
                                     json_schema_extra={"format": "int32"})
+    unhealthy_nodes: list[Annotated[str, Field(max_length=DNS_SUBDOMAIN_MAX, description="A Node name.")]] = Field(
+        default_factory=list, alias="unhealthyNodes", max_length=256,
+        description="Member nodes whose NVLink fabric their agent reports unhealthy (the Node condition "
+                    "NVLinkFabricReady False: degraded, not registered, a GPU missing, NVML failing); the "
+                    "FabricHealthy condition says why.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Standard conditions, keyed by type: Ready, ChannelAllocated.",
+        description="Standard conditions, keyed by type: Ready, FabricHealthy.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(

@@ -161,6 +161,8 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "Member nodes that are ready."},
         {"name": "Nodes", "type": "integer", "jsonPath": ".status.totalNodes",
          "description": "Member nodes."},
+        {"name": "Unhealthy", "type": "string", "jsonPath": ".status.unhealthyNodes",
+         "description": "Member nodes whose NVLink fabric is unhealthy (see the FabricHealthy condition)."},
         {"name": "IMEX", "type": "string", "jsonPath": ".spec.imexMode", "priority": 1,
          "description": "IMEX mode (kubectl get -o wide)."},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

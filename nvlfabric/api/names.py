@@ -47,6 +47,12 @@ CLIQUE_LABEL: Final = "nvlfabric.io/clique"
 """On a Node: its NVLink clique `<clusterUuid>.<cliqueId>`, set by the node's agent."""
 FABRIC_READY_LABEL: Final = "nvlfabric.io/fabric-ready"
 """On a Node: `true`/`false`, whether its agent found the NVLink fabric ready."""
+FABRIC_CONDITION: Final = "NVLinkFabricReady"
+"""A Node condition its agent owns: True while every GPU's NVLink fabric is registered and healthy;
+False names the GPUs and NVML's reason (the controller marks the node's ComputeDomains Degraded)."""
+FABRIC_UNHEALTHY_TAINT: Final = "nvlfabric.io/fabric-unhealthy"
+"""A Node taint (effect NoSchedule only) its agent sets while the fabric is unhealthy, value the
+condition's reason: new pods stay off the node, running ones are told, never evicted."""
 RACK_LABEL: Final = "nvlfabric.io/rack"
 """On a Node: the rack an `Nvl72Rack` declared it in."""
 EXPECTED_CLIQUE_LABEL: Final = "nvlfabric.io/expected-clique"

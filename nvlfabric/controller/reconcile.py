@@ -6,8 +6,10 @@ as the node agent). Each pass it
   withdraws pools of cliques that no longer have any (nvlfabric/controller/pools.py);
 - for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
   the `Ready` condition and `observedGeneration` from the node agents' entries and the channel
-  claim's allocation, and writes only those fields with server-side apply under its own field
-  manager: the agents' `status.nodes` entries stay theirs;
+  claim's allocation, and `unhealthyNodes` and the `FabricHealthy` condition from the members'
+  Node condition `NVLinkFabricReady` (a Ready domain with a member on a sick node is Degraded),
+  and writes only those fields with server-side apply under its own field manager: the agents'
+  `status.nodes` entries stay theirs;
 - gives each `imexMode: Dedicated` domain an IMEX port slot (`status.imexPortSlot`) once its
   clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
   every member starts its daemon on the same ports without talking to the others.
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,12 +100,15 @@ def assign_port_slots(domains: Sequence[SlotRequest]) -> dict[str, int | None]:
 
 
 def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
-              allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None) -> dict[str, Any]:
-    """The controller-owned status fields for one domain (pure)."""
+              allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None,
+              unhealthy: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The controller-owned status fields for one domain (pure). `unhealthy`: Node name → why its
+    agent reports the NVLink fabric unhealthy (its NVLinkFabricReady condition), for every node."""
     nodes = status.nodes
     ready = [n for n in nodes if n.ready]
     previous = status.phase
     dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
+    sick = [(n.name, (unhealthy or {})[n.name]) for n in nodes if n.name in (unhealthy or {})]
     if allocation is None:
         phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
     elif dedicated and port_slot is None:
@@ -112,6 +117,9 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
                    "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
     elif nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
         phase, reason, message = api.Phase.READY, "AllMembersReady", f"{len(ready)} of {len(nodes)} nodes ready"
+        if sick:  # members run, slower or cut off: Degraded, so that it is seen; the pods are not touched
+            phase, reason = api.Phase.DEGRADED, "FabricUnhealthy"
+            message += f"; node {sick[0][0]}: NVLink fabric unhealthy: {sick[0][1]}"
     else:
         want = f" (numNodes {spec.num_nodes})" if spec.num_nodes else ""
         first = next((n for n in nodes if not n.ready), None)
@@ -125,10 +133,20 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
     old = next((c for c in status.conditions if c.type == "Ready"), None)
     if old is not None and old.status == cond.status and old.reason == reason:
         cond = cond.model_copy(update={"last_transition_time": old.last_transition_time})
+    fabric = api.condition(
+        api.ConditionType.FABRIC_HEALTHY, api.ConditionStatus.FALSE if sick else api.ConditionStatus.TRUE,
+        "FabricUnhealthy" if sick else "FabricHealthy",
+        "; ".join(f"node {name}: {why}" for name, why in sick)[:32768] if sick
+        else "no member node reports an unhealthy NVLink fabric", generation=generation, now=now)
+    old_fabric = next((c for c in status.conditions if c.type == api.ConditionType.FABRIC_HEALTHY), None)
+    if old_fabric is not None and old_fabric.status == fabric.status:
+        fabric = fabric.model_copy(update={"last_transition_time": old_fabric.last_transition_time})
     out: dict[str, Any] = {
         "phase": phase.value, "readyNodes": len(ready), "totalNodes": len(nodes), "observedGeneration": generation,
-        "conditions": [cond.model_dump(mode="json", by_alias=True, exclude_none=True)],
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in (cond, fabric)],
     }
+    if sick:
+        out["unhealthyNodes"] = [name for name, _ in sick]
     if allocation is not None:
         out["clique"], out["channel"] = allocation
     if dedicated and port_slot is not None:
@@ -174,8 +192,22 @@ class Controller:
             pools.withdraw(self.client, gone)
         return cliques
 
+    def unhealthy_nodes(self) -> dict[str, str]:
+        """Node name → message, for every Node whose agent reports its NVLink fabric not ready or
+        unhealthy (its NVLinkFabricReady condition False). Nodes with an agent carry the fabric-ready
+        label; the list is read every pass, so a domain turns Degraded within a pass of its agent's
+        report."""
+        out = {}
+        for n in self.client.list(Node, labels={names.FABRIC_READY_LABEL: None}):
+            cond = next((c for c in (n.status.conditions if n.status else None) or []
+                         if c.type == names.FABRIC_CONDITION), None)
+            if n.metadata and n.metadata.name and cond is not None and cond.status == "False":
+                out[n.metadata.name] = f"{cond.reason}: {cond.message}" if cond.message else str(cond.reason)
+        return out
+
     def reconcile_domains(self) -> None:
         seen: list[tuple[Any, api.ComputeDomain, tuple[str, int] | None]] = []
+        unhealthy = self.unhealthy_nodes()
         obj: Any
         for obj in self.client.list(ComputeDomainResource, namespace="*"):
             meta = obj.metadata
@@ -191,7 +223,7 @@ class Controller:
         for obj, cd, alloc in seen:
             try:
                 with api_call(f"update the status of ComputeDomain {_key(cd)}"):
-                    self._reconcile_domain(obj, cd, alloc, slots.get(_key(cd)))
+                    self._reconcile_domain(obj, cd, alloc, slots.get(_key(cd)), unhealthy)
             except (errors.NvlfabricError, ValueError) as exc:
                 log.warning("ComputeDomain %s: %s", _key(cd), exc)
 
@@ -204,13 +236,15 @@ class Controller:
             return None
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocation: tuple[str, int] | None,
-                          port_slot: int | None) -> None:
+                          port_slot: int | None, unhealthy: Mapping[str, str] | None = None) -> None:
         name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
         generation = int((obj.metadata.generation if obj.metadata else None) or 0)
-        summary = summarize(cd.spec, status, generation, allocation, port_slot=port_slot)
+        summary = summarize(cd.spec, status, generation, allocation, port_slot=port_slot, unhealthy=unhealthy)
         current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
         if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \
+                (current.get("unhealthyNodes") or []) == summary.get("unhealthyNodes", []) and \
                 [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
                 [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
             return

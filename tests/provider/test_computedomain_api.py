@@ -148,7 +148,7 @@ def test_schema_decisions() -> None:
     version = crdgen.build()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Clique", "Channel", "Ready", "Nodes", "IMEX", "Age"]
+        "Phase", "Clique", "Channel", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
 
 
 def test_crdgen_refuses_unions() -> None:
@@ -318,7 +318,8 @@ def test_crd_established_with_printer_columns(api: Cluster) -> None:
     assert version.subresources is not None and version.subresources.status is not None
     columns = {c.name: c.jsonPath for c in version.additionalPrinterColumns or []}
     assert columns == {"Phase": ".status.phase", "Clique": ".status.clique", "Channel": ".status.channel",
-                       "Ready": ".status.readyNodes", "Nodes": ".status.totalNodes", "IMEX": ".spec.imexMode",
+                       "Ready": ".status.readyNodes", "Nodes": ".status.totalNodes",
+                       "Unhealthy": ".status.unhealthyNodes", "IMEX": ".spec.imexMode",
                        "Age": ".metadata.creationTimestamp"}
 
 
@@ -475,7 +476,8 @@ def test_table_shows_the_printer_columns(api: Cluster, names: list[str]) -> None
     name = _create(api, names, {"imexMode": "Dedicated"})["metadata"]["name"]
     api.client.apply(CD.Status({"apiVersion": cdapi.API_VERSION, "kind": cdapi.KIND,
                                 "metadata": {"name": name, "namespace": NAMESPACE},
-                                "status": {"phase": "Allocating", "channel": 3, "readyNodes": 1, "totalNodes": 4}}),
+                                "status": {"phase": "Degraded", "channel": 3, "readyNodes": 1, "totalNodes": 4,
+                                           "unhealthyNodes": ["rack-0-node-01"]}}),
                      field_manager="nvlfabric-controller")
     http = client_adapter.Client(KubeConfig.from_file(str(api.kubeconfig)).get(), client_adapter.ConnectionParams())
     with http:
@@ -484,7 +486,8 @@ def test_table_shows_the_printer_columns(api: Cluster, names: list[str]) -> None
     resp.raise_for_status()
     table = resp.json()
     header = [c["name"] for c in table["columnDefinitions"]]
-    assert header == ["Name", "Phase", "Clique", "Channel", "Ready", "Nodes", "IMEX", "Age"]
+    assert header == ["Name", "Phase", "Clique", "Channel", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
     row = dict(zip(header, table["rows"][0]["cells"], strict=True))
-    assert row["Name"] == name and row["Phase"] == "Allocating" and row["Channel"] == 3
+    assert row["Name"] == name and row["Phase"] == "Degraded" and row["Channel"] == 3
+    assert row["Unhealthy"] == '["rack-0-node-01"]'
     assert (row["Ready"], row["Nodes"], row["IMEX"], row["Clique"]) == (1, 4, "Dedicated", None)
