@@ -200,6 +200,10 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         stop.set()
         watcher.join(10)
         results["rss_hwm_mb"] = status_kb(agent.pid, "VmHWM")
+        assert agent.keeper.proc is not None
+        results["keeper_rss_mb"] = status_kb(agent.keeper.proc.pid, "VmRSS")
+        results["keeper_idle_cpu_pct"] = idle_cpu(agent.keeper.proc.pid, IDLE_S)
+        say(f"IMEX keeper RSS {results['keeper_rss_mb']:.1f} MB, idle CPU {results['keeper_idle_cpu_pct']:.3f} %")
 
         kubelet = ap.Kubelet(host.endpoint)
         results["unprepare_p50_ms"] = statistics.median(timed(claims, kubelet, "unprepare"))

@@ -67,9 +67,12 @@ def test_the_controller_refuses_a_bad_pool_size_in_one_line_and_exits_2(value: s
     assert len(lines) == 1 and "--channels-per-clique" in lines[0] and "1..2047" in lines[0], proc.stderr
 
 
-def test_the_image_entry_point_names_its_two_commands() -> None:
+def test_the_image_entry_point_names_its_three_commands() -> None:
     proc = subprocess.run([sys.executable, "-m", "nvlfabric", "kubelet"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "{agent,controller}" in proc.stderr
+    assert proc.returncode == 2 and "{agent,imex,controller}" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "nvlfabric", "imex", "--kubelet-root", "/" + "k" * 80],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--kubelet-root / $KUBELET_ROOT" in proc.stderr
 
 
 @given(st.integers(min_value=1, max_value=names.MAX_CHANNEL))

@@ -25,6 +25,23 @@ AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
 """An agent's field manager is this plus its node name: it owns its node's status entries."""
 CONTROLLER_FIELD_MANAGER: Final = "nvlfabric-controller"
 
+# -- the node's IMEX work directory ----------------------------------------------------------------
+# Shared by the agent and the IMEX keeper (two DaemonSets), and bounded by the driver component.
+
+IMEX_KEEPER_SOCKET: Final = "keeper.sock"
+MAX_UNIX_SOCKET_PATH: Final = 107
+"""A unix socket path has at most 107 bytes (sun_path is 108 with its NUL)."""
+
+
+def imex_workdir(kubelet_root: str) -> str:
+    """Where the IMEX domains' files and the keeper's socket live on a node."""
+    return f"{kubelet_root.rstrip('/')}/plugins/{DRIVER}/imex"
+
+
+def imex_keeper_socket(kubelet_root: str) -> str:
+    return f"{imex_workdir(kubelet_root)}/{IMEX_KEEPER_SOCKET}"
+
+
 # -- CDI and IMEX channel device nodes -------------------------------------------------------------
 # The node agent writes claim specs and channel nodes by these; the kubelet's runtime (and the
 # simulator's stand-ins for the kubelet and the node) read them.

@@ -51,6 +51,16 @@ class NvlfabricDriverArgs(BaseModel):
                     "one to keep nodes at one IMEX daemon each")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
 
+    @field_validator("kubelet_root")
+    @classmethod
+    def _socket_fits(cls, root: str) -> str:
+        sock = names.imex_keeper_socket(root)
+        if len(sock.encode()) > names.MAX_UNIX_SOCKET_PATH:
+            raise ValueError(f"too long: the IMEX keeper's socket under it would have {len(sock.encode())} bytes, "
+                             f"a unix socket path at most {names.MAX_UNIX_SOCKET_PATH}; use a shorter kubelet root "
+                             f"({sock})")
+        return root
+
     @field_validator("imex_modes")
     @classmethod
     def _unique_modes(cls, modes: list[IMEXMode]) -> list[IMEXMode]:

@@ -34,14 +34,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from nvlfabric.api import process
-from nvlfabric.api.names import DRIVER
+from nvlfabric.api import names, process
 from nvlfabric.api.process import SettingsError
 from nvlfabric.nodeagent import imex
 
 log = logging.getLogger("nvlfabric.imexkeeper")
 
-SOCKET_NAME = "keeper.sock"
+SOCKET_NAME = names.IMEX_KEEPER_SOCKET
 CALL_TIMEOUT_S = 15.0
 """A stop waits up to the domain's stop timeout (5 s) for SIGTERM to work; other calls take ms."""
 WATCH_S = 1.0
@@ -335,7 +334,7 @@ class Settings:
 
 
 def default_workdir(kubelet_root: Path) -> Path:
-    return kubelet_root / "plugins" / DRIVER / "imex"
+    return Path(names.imex_workdir(str(kubelet_root)))
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
@@ -349,9 +348,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
                     help="($LOG_FORMAT)")
     a = ap.parse_args(list(argv))
     workdir = default_workdir(Path(a.kubelet_root))
-    if len(str(workdir / SOCKET_NAME)) >= 108:
+    if len(str(workdir / SOCKET_NAME).encode()) > names.MAX_UNIX_SOCKET_PATH:
         raise SettingsError(f"--kubelet-root / $KUBELET_ROOT: the keeper's socket {workdir / SOCKET_NAME} is longer "
-                            "than a unix socket path may be (107 bytes); use a shorter kubelet root")
+                            f"than a unix socket path may be ({names.MAX_UNIX_SOCKET_PATH} bytes); use a shorter "
+                            "kubelet root")
     return Settings(workdir=workdir, driver_root=Path(a.driver_root), log_format=a.log_format)
 
 

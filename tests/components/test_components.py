@@ -93,6 +93,14 @@ def test_rack_args() -> None:
     assert "unique" in _error(Nvl72Rack, nodes=["a", "a"])
 
 
+def test_a_kubelet_root_too_long_for_the_keepers_socket_fails_naming_it() -> None:
+    from nvlfabric.components._args import validate
+    with pytest.raises(ComponentArgsError) as err:
+        validate(NvlfabricDriverArgs, "NvlfabricDriver", "d", {"kubelet_root": "/" + "k" * 80})
+    msg = str(err.value)
+    assert "kubelet_root:" in msg and "socket under it would have 127 bytes" in msg and "at most 107" in msg
+
+
 def test_unknown_argument_is_named() -> None:
     from nvlfabric.components._args import validate
     with pytest.raises(ComponentArgsError) as err:
@@ -360,8 +368,11 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
 
 def test_the_driver_passes_the_allowed_imex_modes_to_the_agents() -> None:
     objs = driver_objects(NvlfabricDriverArgs(imex_modes=["CliqueScoped"]))  # type: ignore[list-item]
-    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    ds, keeper = [o for o in objs if o["kind"] == "DaemonSet"]
     assert {"name": "IMEX_MODES", "value": "CliqueScoped"} in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    # The keeper runs whatever the agent asks for: the modes are the agent's setting only.
+    assert keeper["metadata"]["name"] == "nvlfabric-imex"
+    assert all(e["name"] != "IMEX_MODES" for e in keeper["spec"]["template"]["spec"]["containers"][0]["env"])
     default = next(o for o in driver_objects(NvlfabricDriverArgs()) if o["kind"] == "DaemonSet")
     assert {"name": "IMEX_MODES", "value": "CliqueScoped,Dedicated"} in \
         default["spec"]["template"]["spec"]["containers"][0]["env"]
