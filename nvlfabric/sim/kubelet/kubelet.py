@@ -5,7 +5,9 @@ Per node it does what a kubelet does that matters to DRA and to nvlfabric:
   labels, its own loopback address) and renews its Lease every 10 s (leaseDuration/4, the kubelet's
   rule); wipes the node's ResourceSlices at start and 30 s after a driver's last plugin instance
   went away (the kubelet's defaultWipingDelay);
-- discovers DRA plugins in its `plugins_registry` and registers them (see plugins.py);
+- discovers DRA plugins in its `plugins_registry` and registers them (see plugins.py), and
+  watches the health stream of those that serve one, showing it in the pods'
+  `allocatedResourcesStatus` (see health.py);
 - for each pod bound to it: waits until every claim is allocated and reserved for the pod, calls
   NodePrepareResources per driver, resolves the returned CDI IDs against the node's CDI dirs (an
   unresolvable ID fails the container start, as a runtime would), records each container's edits
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 from lightkube import ApiError, AsyncClient
 from lightkube.core.generic_client import ALL_NS
 from lightkube.models.coordination_v1 import LeaseSpec
@@ -42,9 +46,10 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nvlfabric.api import errors, names
-from nvlfabric.api.kubelet.types import ClaimRef
+from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim.kubelet import cdi
+from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, start_pod_process, stop_all
 from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode
@@ -81,6 +86,11 @@ class NodeState:
     prepared: dict[str, dict[str, list[ClaimRef]]] = field(default_factory=dict)  # pod uid → driver → claims
     processes: dict[str, PodProcess] = field(default_factory=dict)  # pod uid → local process
     started: set[str] = field(default_factory=set)  # pod uids reported Running
+    health: HealthCache = field(default_factory=HealthCache)
+    health_watches: dict[Path, asyncio.Task[None]] = field(default_factory=dict)  # registry socket → stream
+    devices: dict[str, dict[str, dict[str, list[PreparedDevice]]]] = field(default_factory=dict)
+    """pod uid → ResourceClaim name → driver → its prepared devices (the kubelet's claim info cache)."""
+    pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod uid → (namespace, name)
 
     def plugin_for(self, driver: str) -> Plugin | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
@@ -142,9 +152,10 @@ class SimKubelet:
 
     async def stop(self) -> None:
         self._stopping.set()
-        for t in [*self._tasks, *self._pod_tasks.values()]:
+        watches = [t for state in self.nodes.values() for t in state.health_watches.values()]
+        for t in [*self._tasks, *self._pod_tasks.values(), *watches]:
             t.cancel()
-        for t in [*self._tasks, *self._pod_tasks.values()]:
+        for t in [*self._tasks, *self._pod_tasks.values(), *watches]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         stop_all([proc for state in self.nodes.values() for proc in state.processes.values()],
@@ -273,8 +284,15 @@ class SimKubelet:
             state.driver_gone_since.pop(plugin.driver, None)
             log.info("node %s: registered DRA plugin %s (%s) at %s", state.node.name, plugin.driver,
                      plugin.service, plugin.endpoint)
+            if plugin.health_service:
+                state.health_watches[sock] = asyncio.create_task(self._watch_health(state, plugin))
         for sock in set(state.plugins) - present:
             plugin = state.plugins.pop(sock)
+            watch = state.health_watches.pop(sock, None)
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             await plugin.close()
             if state.plugin_for(plugin.driver) is None:
                 state.driver_gone_since[plugin.driver] = time.monotonic()
@@ -283,6 +301,58 @@ class SimKubelet:
             if time.monotonic() - since >= WIPING_DELAY_S:
                 del state.driver_gone_since[driver]
                 await self._wipe_slices(state.node.name, driver=driver)
+
+    # -- device health ---------------------------------------------------------------------------
+
+    async def _watch_health(self, state: NodeState, plugin: Plugin) -> None:
+        """The plugin's health stream for as long as it is registered, opened again 5 s after it
+        ends; when it ends, the driver's devices turn Unknown (as the kubelet's cache is cleared)."""
+        while not self._stopping.is_set():
+            try:
+                async for report in plugin.watch_health():
+                    await self._health_changed(state, state.health.update(plugin.driver, report, time.monotonic()))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("node %s: %s serves no health stream", state.node.name, plugin.driver)
+                    return
+                log.info("node %s: health stream of %s ended: %s", state.node.name, plugin.driver, exc.code().name)
+            finally:
+                await asyncio.shield(self._health_changed(state, state.health.clear(plugin.driver)))
+            await asyncio.sleep(STREAM_RETRY_S)
+
+    async def _health_changed(self, state: NodeState, changed: set[DeviceKey]) -> None:
+        if not changed:
+            return
+        pods = [uid for uid, prepared in state.devices.items() if uses(prepared, changed)]
+        await asyncio.gather(*(self._write_health(state, uid) for uid in pods), return_exceptions=True)
+
+    async def _write_health(self, state: NodeState, uid: str) -> None:
+        """Re-write one running pod's allocatedResourcesStatus. The pod's containerStatuses are one
+        list (no merge key): written whole, guarded by the resourceVersion read, read again on a
+        conflict, so a concurrent status write (a restart count) is never lost."""
+        namespace, name = state.pod_names.get(uid, ("", ""))
+        for _ in range(3):
+            try:
+                with api_call(f"read pod {namespace}/{name}"):
+                    pod = await self.client.get(Pod, name, namespace=namespace)
+            except errors.NotFound:
+                return
+            if pod.metadata is None or pod.metadata.uid != uid or pod.status is None or pod.status.phase != "Running":
+                return
+            health = allocated_resources_status(pod, state.devices.get(uid, {}), state.health, time.monotonic())
+            statuses = []
+            for cs in pod.status.containerStatuses or []:
+                d = cs.to_dict()
+                d.pop("allocatedResourcesStatus", None)
+                statuses.append(d | ({"allocatedResourcesStatus": health[cs.name]} if cs.name in health else {}))
+            try:
+                with api_call(f"write the status of pod {namespace}/{name}"):
+                    await self.client.patch(Pod.Status, name, {
+                        "metadata": {"resourceVersion": pod.metadata.resourceVersion},
+                        "status": {"containerStatuses": statuses}}, namespace=namespace, patch_type=PatchType.MERGE)
+                return
+            except errors.Conflict:
+                continue
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -404,6 +474,9 @@ class SimKubelet:
                                   f"DRA driver {driver} is not registered on node {state.node.name}")
             results = await plugin.prepare(refs)
             state.prepared.setdefault(uid, {})[driver] = refs
+            for ref in refs:
+                if not isinstance(found := results.get(ref.uid), str) and found is not None:
+                    state.devices.setdefault(uid, {}).setdefault(ref.name, {})[driver] = list(found)
             failed = {u: r for u, r in results.items() if isinstance(r, str)}
             if failed:
                 raise PodNotReady("FailedPrepareDynamicResources",
@@ -433,6 +506,7 @@ class SimKubelet:
                        "container": cname, "node": state.node.name}
             path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         await self._maybe_run_process(state, pod)
+        state.pod_names[uid] = (pod.metadata.namespace or "default", pod.metadata.name or "")
         await self._report_running(state, pod)
         state.started.add(uid)
 
@@ -462,6 +536,11 @@ class SimKubelet:
             {"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": restarts,
              "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
              "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+        health = allocated_resources_status(pod, state.devices.get(pod.metadata.uid or "", {}), state.health,
+                                            time.monotonic())
+        for c in containers:
+            if c["name"] in health:
+                c["allocatedResourcesStatus"] = health[c["name"]]
         if last_exit is not None:
             for c in containers:
                 c["lastState"] = {"terminated": {"exitCode": last_exit if last_exit >= 0 else 128 - last_exit,
@@ -516,6 +595,8 @@ class SimKubelet:
                                   "; ".join(f"claim {u}: {e}" for u, e in errors.items()))
             state.prepared.get(uid, {}).pop(driver, None)
         state.prepared.pop(uid, None)
+        state.devices.pop(uid, None)  # health is not updated after the pod terminates
+        state.pod_names.pop(uid, None)
         state.started.discard(uid)
         with contextlib.suppress(ApiError):
             await self.client.delete(Pod, pod.metadata.name or "", namespace=pod.metadata.namespace,

@@ -7,13 +7,15 @@ Behaviour follows the real kubelet (1.34 to 1.37):
   `NotifyRegistrationStatus` tells the plugin the outcome;
 - `NodePrepareResources` / `NodeUnprepareResources` are called once per driver with that driver's
   claims, with a 45 s timeout; a gRPC error discards the whole response; a claim missing from the
-  response is an error; per-claim `error` strings fail just those claims.
+  response is an error; per-claim `error` strings fail just those claims;
+- a plugin that advertises `v1alpha1.DRAResourceHealth` is watched with `NodeWatchResources`
+  (health.py: what the kubelet does with the reports).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ import grpc
 import grpc.aio
 
 from nvlfabric.api.kubelet import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -30,12 +34,16 @@ from nvlfabric.api.kubelet import (
     pluginregistration_pb2_grpc,
 )
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
+from nvlfabric.sim.kubelet.health import HEALTHY, UNHEALTHY, UNKNOWN, Reported
 
 GET_INFO_TIMEOUT_S = 1.0
 CALL_TIMEOUT_S = 45.0
 # In the kubelet's order of knowledge; the plugin's own order decides which is used.
 KNOWN_SERVICES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
                   "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
+# 1.37 prefers v1.DRAResourceHealth when advertised; its messages are v1alpha1's, and we have only those.
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+_HEALTH = {dra_health_v1alpha1_pb2.HEALTHY: HEALTHY, dra_health_v1alpha1_pb2.UNHEALTHY: UNHEALTHY}
 
 
 class RegistrationError(Exception):
@@ -54,6 +62,8 @@ class Plugin:
     endpoint: str
     service: str
     registration_socket: Path
+    health_service: str = ""
+    """HEALTH_SERVICE when the plugin advertised it, else ''."""
     _channel: grpc.aio.Channel | None = field(default=None, repr=False)
 
     def _stub(self) -> Any:
@@ -102,6 +112,16 @@ class Plugin:
             raise PluginCallError(f"NodeUnprepareResources skipped {len(missing)} ResourceClaims")
         return {c.uid: resp.claims[c.uid].error for c in claims}
 
+    async def watch_health(self) -> AsyncIterator[list[Reported]]:
+        """The plugin's health reports, one complete device list each, until the stream ends
+        (a gRPC error is raised as grpc.aio.AioRpcError)."""
+        self._stub()  # dials the channel
+        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel)
+        async for resp in stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest()):
+            yield [Reported(pool=d.device.pool_name, device=d.device.device_name, health=_HEALTH.get(d.health, UNKNOWN),
+                            message=d.message, timeout_s=float(d.health_check_timeout_seconds))
+                   for d in resp.devices]
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
@@ -137,7 +157,8 @@ async def register(socket: Path, *, registered_endpoints: set[str]) -> Plugin:
             raise RegistrationError(f"NotifyRegistrationStatus on {socket}: {exc.code().name}") from exc
         if error:
             raise RegistrationError(f"{socket}: {error}")
-        return Plugin(driver=info.name, endpoint=endpoint, service=service, registration_socket=socket)
+        return Plugin(driver=info.name, endpoint=endpoint, service=service, registration_socket=socket,
+                      health_service=HEALTH_SERVICE if HEALTH_SERVICE in info.supported_versions else "")
 
 
 def registry_sockets(registry_dir: Path) -> set[Path]:
