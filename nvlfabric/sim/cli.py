@@ -4,6 +4,8 @@
     nvlfabric-sim status    what runs (exit 0 when everything does, 3 otherwise)
     nvlfabric-sim env       shell exports: eval "$(nvlfabric-sim env)"
     nvlfabric-sim down      stop everything it started
+    nvlfabric-sim apiserver stop|start   an API server outage: kube-apiserver alone stops, then
+                            comes back on the same port and etcd
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
+    apiserver = sub.add_parser("apiserver", help="stop kube-apiserver alone (an outage), or start it again")
+    apiserver.add_argument("action", choices=["stop", "start"])
     fault = sub.add_parser("fault", help="inject a fault into a running simulator (see nvlfabric/sim/faults.py)")
     fault.add_argument("fault", choices=FAULTS)
     fault.add_argument("node", help="simulated node name, e.g. rack-0-node-03")
@@ -83,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             return _status(cp)
         if args.command == "env":
             print(_env(cp))
+            return 0
+        if args.command == "apiserver":
+            if args.action == "stop":
+                cp.stop_apiserver()
+            else:
+                cp.start_apiserver()
             return 0
         if args.command == "fault":
             if saved is None or not cp.running():

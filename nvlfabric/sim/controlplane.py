@@ -44,6 +44,7 @@ from nvlfabric.sim.processes import ProcessRecord
 START_TIMEOUT_S = 90.0  # contended 2-core CI machines take 30 s+ for RBAC bootstrap alone
 POLL_INTERVAL_S = 0.2
 KUBELET_STOP_TIMEOUT_S = 30.0  # its own budget for stopping the local processes is 10 s
+APISERVER_STOP_TIMEOUT_S = 2.0
 
 
 class Ports(BaseModel):
@@ -383,6 +384,42 @@ class ControlPlane:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
         self.kubeconfig.chmod(0o600)
+
+    # -- an API server outage ----------------------------------------------------------------------
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone, as an outage of it: etcd, the scheduler, the controller manager
+        and the simulated kubelets keep running (and keep failing to reach it). `status` says
+        STOPPED meanwhile, and an `up` would start a fresh cluster; `start_apiserver` brings it back."""
+        with self._locked():
+            # It stops listening at once on SIGTERM, then can linger in its shutdown for the whole
+            # 10 s `stop` grants (seen: quota evaluators): the outage has begun, so kill it sooner.
+            processes.stop(self._apiserver(self._saved()), timeout=APISERVER_STOP_TIMEOUT_S)
+
+    def start_apiserver(self) -> None:
+        """Start the stopped kube-apiserver again with the argv it had: the same port, etcd and
+        credentials, so every kubeconfig and resourceVersion stays valid; returns once /readyz is OK."""
+        with self._locked():
+            state = self._saved()
+            old = self._apiserver(state)
+            if not processes.alive(old):
+                self.progress("starting kube-apiserver")
+                new = processes.spawn(old.name, old.argv, Path(old.log))
+                # Same place in the list: `down` stops the processes in reverse start order.
+                state.processes[state.processes.index(old)] = new
+                self._save_state(state)
+            self._wait(state, "kube-apiserver /readyz", lambda: self._api_ok(state.token, "/readyz"))
+
+    def _saved(self) -> State:
+        state = self.load_state()
+        if state is None:
+            raise ControlPlaneError(f"nvlfabric-sim is not running (state dir {self.state_dir})")
+        self.ports = state.ports
+        return state
+
+    @staticmethod
+    def _apiserver(state: State) -> ProcessRecord:
+        return next(r for r in state.processes if r.name == "kube-apiserver")
 
     # -- down ------------------------------------------------------------------------------------
 
