@@ -22,7 +22,9 @@ The contract, method by method:
   `nvlfabric.io/compute-domain=<cd>`. Both requests ask the API server for strict field validation
   (`fieldValidation=Strict`), so an unknown or duplicate field is an error, not silently dropped;
   the spec is sent as given and the API server, holding the CRD generated from the same models,
-  is the judge. If the claim or the await fails, what this call created is deleted before the
+  is the judge. Both are tried again after a temporary error (the API server unreachable or
+  failing) until the deadline, as the await is, so an API server outage shorter than `timeout_s`
+  is ridden out. If the claim or the await fails, what this call created is deleted before the
   error is raised (nothing half-made stays behind). An existing CD is an error listing the
   remedies, unless `adopt` is set: then its spec and labels are patched to match (its immutable
   fields must already match) and it is never rolled back.
@@ -57,7 +59,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Required, TypedDict, Unpack
+from typing import Any, Final, Required, TypedDict, TypeVar, Unpack
 
 from lightkube import Client
 from lightkube.generic_resource import create_namespaced_resource
@@ -91,6 +93,7 @@ from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import await_, errors, kube
 from nvlfabric.provider.await_ import AwaitFor, Deadline, Snapshot
 
+T = TypeVar("T")
 CD: Final = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
 
 #: The DeviceClass and DRA driver of IMEX channels (docs/architecture.md, "DRA design").
@@ -478,8 +481,8 @@ class ComputeDomainProvider(ResourceProvider):
         client = self._client()
         created: list[tuple[str, Any, str]] = []
         try:
-            cd = self._create_cd(client, settings, spec, created)
-            self._ensure_claim(client, cd, created)
+            cd = self._create_cd(client, settings, spec, created, deadline)
+            self._ensure_claim(client, cd, created, deadline)
             cd = self._await(client, cd, settings.await_for, deadline)
         except Exception as exc:
             self._roll_back(client, ns, created, exc)
@@ -506,7 +509,7 @@ class ComputeDomainProvider(ResourceProvider):
         with kube_errors.api_call(f"update {ref}"):
             cd = dict(_send(client, "patch", CD, patch, name=args.name, namespace=args.namespace,
                             headers={"Content-Type": PatchType.MERGE.value}))
-        self._ensure_claim(client, cd, [])
+        self._ensure_claim(client, cd, [], deadline)
         cd = self._await(client, cd, args.await_for, deadline)
         return UpdateResult(outputs(cd, args.to_inputs()))
 
@@ -539,16 +542,39 @@ class ComputeDomainProvider(ResourceProvider):
     def _on_progress(self) -> Callable[[str], None]:
         return getattr(self, "on_progress", None) or _progress
 
+    def _retrying(self, deadline: Deadline, action: str, call: Callable[[], T]) -> T:
+        """`call()` under `api_call(action)`, tried again after a temporary error (the API server
+        unreachable, overloaded or failing) until the operation's deadline, as the await is. Tried
+        once, an outage between the domain's create and its claim's failed the create, the roll-back
+        could not reach the server either, and the domain left behind made every later `pulumi up`
+        fail with ObjectExists. (A create whose answer was lost but which was applied still reads as
+        AlreadyExists on the next try: for the claim that is fine, it is owned by the domain.)"""
+        poll = getattr(self, "poll", None) or await_.POLL
+        delay, said = poll.initial_s, ""
+        while True:
+            try:
+                with kube_errors.api_call(action):
+                    return call()
+            except api_errors.TemporaryError as exc:
+                remaining = deadline.remaining()
+                if remaining <= 0.0:
+                    raise
+                if str(exc) != said:  # once per kind of failure, not every try
+                    said = str(exc)
+                    self._on_progress()(f"{exc}; trying again until the timeout ({deadline.timeout_s:.0f} s)")
+                deadline.clock.sleep(min(exc.delay_s or delay, remaining))
+                delay = min(delay * poll.factor, poll.max_s)
+
     def _create_cd(self, client: Client, args: ComputeDomainArgs, spec: Mapping[str, Any],
-                   created: list[tuple[str, Any, str]]) -> dict[str, Any]:
+                   created: list[tuple[str, Any, str]], deadline: Deadline) -> dict[str, Any]:
         ns, name = args.namespace, args.name
         ref = f"ComputeDomain {ns}/{name}"
         body = {"apiVersion": api.API_VERSION, "kind": api.KIND,
                 "metadata": {"name": name, "namespace": ns, **({"labels": args.labels} if args.labels else {})},
                 "spec": dict(spec)}
         try:
-            with kube_errors.api_call(f"create {ref}"):
-                cd = dict(_send(client, "post", CD, CD.from_dict(body), namespace=ns))
+            cd = self._retrying(deadline, f"create {ref}",
+                                lambda: dict(_send(client, "post", CD, CD.from_dict(body), namespace=ns)))
         except api_errors.NotFound as exc:
             raise api_errors.NotFound(
                 action=exc.action, code=exc.code, reason=exc.reason, message=exc.message,
@@ -567,8 +593,8 @@ class ComputeDomainProvider(ResourceProvider):
         created.append(("ComputeDomain", CD, name))
         return cd
 
-    def _ensure_claim(self, client: Client, cd: Mapping[str, Any],
-                      created: list[tuple[str, Any, str]]) -> dict[str, Any]:
+    def _ensure_claim(self, client: Client, cd: Mapping[str, Any], created: list[tuple[str, Any, str]],
+                      deadline: Deadline) -> dict[str, Any]:
         """Create the CD's channel claim; an existing one is fine only if the CD owns it."""
         meta = _meta(cd)
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
@@ -576,9 +602,8 @@ class ComputeDomainProvider(ResourceProvider):
         claim_name = body["metadata"]["name"]
         ref = f"ResourceClaim {ns}/{claim_name}"
         try:
-            with kube_errors.api_call(f"create {ref}"):
-                claim: dict[str, Any] = _send(client, "post", ResourceClaim, ResourceClaim.from_dict(body),
-                                              namespace=ns).to_dict()
+            claim: dict[str, Any] = self._retrying(deadline, f"create {ref}", lambda: _send(
+                client, "post", ResourceClaim, ResourceClaim.from_dict(body), namespace=ns).to_dict())
         except api_errors.AlreadyExists:
             live = _get(client, ResourceClaim, claim_name, ns)
             if live is not None and owned_by(live, uid):
