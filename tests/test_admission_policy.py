@@ -296,6 +296,37 @@ def test_agent_reports_the_fabric_condition_of_its_own_node_only(env: Env) -> No
     assert "zone" not in node.metadata.labels
 
 
+def test_agent_taints_its_own_node_only_to_keep_new_pods_off(env: Env) -> None:
+    """As nvlfabric/nodeagent/fabrichealth.py does: a merge patch of the whole taint list with the
+    resourceVersion read. Only its own key, only NoSchedule (never evicting), only its own Node."""
+    taint = {"key": names.FABRIC_UNHEALTHY_TAINT, "value": "FabricDegraded", "effect": "NoSchedule"}
+    other = {"key": "example.com/rack", "value": "r1", "effect": "NoSchedule"}
+    env.admin.patch(Node, env.node_a, {"spec": {"taints": [other]}})
+
+    def taints(node: str) -> list[dict[str, Any]]:
+        return [t.to_dict() for t in env.admin.get(Node, node).spec.taints or []]
+
+    def set_taints(node: str, new: list[dict[str, Any]]) -> Any:
+        rv = env.admin.get(Node, node).metadata.resourceVersion
+        return env.agent.patch(Node, node, {"metadata": {"resourceVersion": rv}, "spec": {"taints": new}},
+                               patch_type=PatchType.MERGE)
+
+    try:
+        set_taints(env.node_a, [other, taint])
+        assert taints(env.node_a) == [other, taint]
+        msg = denied(lambda: set_taints(env.node_a, [other, {**taint, "effect": "NoExecute"}]))
+        assert f"this request also changes spec.taints {names.FABRIC_UNHEALTHY_TAINT} with an effect other than " \
+               "NoSchedule" in msg
+        msg = denied(lambda: set_taints(env.node_a, [taint]))
+        assert f"this request also changes spec.taints other than {names.FABRIC_UNHEALTHY_TAINT}" in msg
+        msg = denied(lambda: set_taints(env.node_b, [taint]))
+        assert f"may only modify its own Node {env.node_a}" in msg
+        set_taints(env.node_a, [other])
+        assert taints(env.node_a) == [other]
+    finally:
+        env.admin.patch(Node, env.node_a, {"spec": {"taints": None}})
+
+
 def test_agent_may_not_create_or_delete_nodes(env: Env) -> None:
     # RBAC gives the agent neither; the policy refuses them even when someone does.
     with granted(env, "nodes", PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["create", "delete"])):

@@ -13,17 +13,15 @@ downward API). The agent:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from typing import cast
 
 from nvlfabric.api import errors, names, process
 from nvlfabric.api.names import DRIVER
-from nvlfabric.nodeagent import checkpoint, discovery, health, kubeapi, metrics, settings
+from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, health, kubeapi, metrics, settings
 from nvlfabric.nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from nvlfabric.nodeagent.settings import Settings
@@ -38,33 +36,12 @@ def client_from(cfg: Settings, manager: str) -> kubeapi.Client:
     return kubeapi.Client(kubeapi.from_service_account(cfg.service_account_dir), field_manager=manager)
 
 
-FABRIC_CONDITION = "NVLinkFabricReady"
-
-
 def label_node(client: kubeapi.Client, node: str, found: discovery.NodeDiscovery) -> None:
-    """Tell the cluster what this node's fabric is: clique label, a Node condition, and an Event
-    when it is not ready (so `kubectl describe node` says why no ComputeDomain lands here)."""
+    """Tell the cluster which clique this node is in (the controller publishes its pool by it).
+    The NVLinkFabricReady condition, taint, Event and metrics are fabrichealth's, within seconds."""
     node_labels: dict[str, str | None] = {names.CLIQUE_LABEL: found.clique,
                                           names.FABRIC_READY_LABEL: "true" if found.fabric_ready else "false"}
     client.patch(kubeapi.path("v1", "nodes", node), {"metadata": {"labels": node_labels}})
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    reason = "FabricRegistered" if found.fabric_ready else "FabricNotReady"
-    message = f"NVLink clique {found.clique}" if found.fabric_ready else found.reason
-    # Strategic merge: conditions merge by type, the kubelet's own conditions stay.
-    client.patch(kubeapi.path("v1", "nodes", node, subresource="status"), {"status": {"conditions": [{
-        "type": FABRIC_CONDITION, "status": "True" if found.fabric_ready else "False", "reason": reason,
-        "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
-        content_type=kubeapi.STRATEGIC_MERGE_PATCH)
-    metrics.FABRIC_READY.set(1 if found.fabric_ready else 0)
-    if not found.fabric_ready:
-        with contextlib.suppress(errors.ApiStatusError):
-            client.create(kubeapi.path("v1", "events", namespace="default"), {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{node}.", "namespace": "default"},
-                "involvedObject": {"kind": "Node", "name": node, "uid": node, "apiVersion": "v1"},
-                "reason": "NVLinkFabricNotReady", "message": message[:1024], "type": "Warning",
-                "source": {"component": "nvlfabric-agent", "host": node},
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
     if found.fabric_ready:
         log.info("node %s is in clique %s (%d GPUs)", node, found.clique, len(found.gpus))
     else:
@@ -96,10 +73,16 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     tune_malloc()
     client = client_from(args, f"nvlfabric-agent-{args.node_name}")
     try:
-        found = discovery.discover(args.driver_root)
-    except discovery.NvmlUnavailable as exc:
-        log.error("%s; check --driver-root (%s) and that the NVIDIA driver is loaded", exc, args.driver_root)
-        found = discovery.NodeDiscovery(reason=str(exc))
+        boot_id = checkpoint.read_boot_id(args.boot_id)
+    except checkpoint.BootIdError:
+        boot_id = ""  # the driver reports it; GPUs lost before a restart of the agent go unnoticed
+    monitor = fabrichealth.Monitor(client, args.node_name, reader=lambda: fabrichealth.read(args.driver_root),
+                                   known=fabrichealth.KnownGpus(args.kubelet_root / "plugins" / DRIVER / "gpus.json",
+                                                                boot_id),
+                                   relabel=lambda fresh: label_node(client, args.node_name, fresh))
+    found = monitor.check()
+    if monitor.verdict.reason == fabrichealth.NVML_ERROR:
+        log.error("%s; check --driver-root (%s) and that the NVIDIA driver is loaded", found.reason, args.driver_root)
     label_node(client, args.node_name, found)
     paths = Paths(plugin_dir=args.kubelet_root / "plugins" / DRIVER, cdi_dir=args.cdi_root,
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
@@ -113,15 +96,13 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     def device_health() -> list[DeviceHealth]:
         """Prepared channels are as healthy as this node's fabric: a channel is useless without it.
 
-        Called every second per open health stream; rebuilt only when the checkpoint or the fabric
-        changed (both are replaced, never modified, so identity says whether they changed)."""
-        node, state = current["found"], driver.state
-        if health_cache.get("node") is node and health_cache.get("state") is state:
+        Called every second per open health stream; rebuilt only when the checkpoint, the fabric
+        or its verdict changed (all are replaced, never modified, so identity says whether they changed)."""
+        node, state, verdict = current["found"], driver.state, monitor.verdict
+        if health_cache.get("node") is node and health_cache.get("state") is state and \
+                health_cache.get("verdict") is verdict:
             return cast(list[DeviceHealth], health_cache["value"])
-        unhealthy = [g for g in node.gpus if g.fabric.health_summary not in (None, "Healthy")]
-        message = node.reason if not node.fabric_ready else "; ".join(
-            f"GPU {g.index} NVLink health {g.fabric.health_summary}" for g in unhealthy)
-        healthy = node.fabric_ready and not unhealthy
+        healthy, message = verdict.healthy, "" if verdict.healthy else verdict.message
         out: list[DeviceHealth] = []
         for e in state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
             if e.allocation.device:  # the pool device the claim was allocated
@@ -130,7 +111,7 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
             else:  # entries from before the device was recorded (allocation mode Single)
                 out.extend(DeviceHealth(names.pool_name(node.clique or ""), names.channel_device(ch), healthy, message)
                            for ch in e.allocation.channels)
-        health_cache.update(node=node, state=state, value=out)
+        health_cache.update(node=node, state=state, verdict=verdict, value=out)
         return out
 
     server = PluginServer(paths=sockets, driver=driver, health=device_health)
@@ -139,6 +120,7 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     driver.housekeeping(clique=found.clique)
     health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
+    monitor.start(stop)
     next_resync = time.monotonic() + args.resync_s
     try:
         # Wake every resync period, and every DEDICATED_SYNC_S while dedicated IMEX domains run here
@@ -151,10 +133,7 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
                     driver.sync_dedicated()
                     continue
                 next_resync = time.monotonic() + args.resync_s
-                try:
-                    fresh = discovery.discover(args.driver_root)
-                except discovery.NvmlUnavailable as exc:
-                    fresh = discovery.NodeDiscovery(reason=str(exc))
+                fresh = monitor.latest  # NVML's last reading (fabrichealth reads it every second)
                 if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
                     label_node(client, args.node_name, fresh)
                 found = current["found"] = fresh

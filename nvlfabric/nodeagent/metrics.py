@@ -16,6 +16,10 @@ CLAIM_ERRORS = _m.Counter(REGISTRY, "nvlfabric_claim_errors", "Claims answered w
 PREPARED_CLAIMS = _m.Gauge(REGISTRY, "nvlfabric_prepared_claims", "Claims prepared on this node")
 FABRIC_READY = _m.Gauge(REGISTRY, "nvlfabric_fabric_ready", "1 when every GPU's NVLink fabric registration completed")
 IMEX_DOMAINS = _m.Gauge(REGISTRY, "nvlfabric_imex_domains", "IMEX daemons this agent runs")
+FABRIC_HEALTHY = _m.Gauge(REGISTRY, "nvlfabric_fabric_healthy",
+                          "1 when NVML reports every GPU present and its NVLink fabric registered and healthy")
+FABRIC_UNHEALTHY_GPUS = _m.Gauge(REGISTRY, "nvlfabric_fabric_unhealthy_gpus",
+                                 "GPUs whose NVLink fabric is not healthy, missing, or unreadable (NVML errors)")
 
 
 def exposition() -> str:
