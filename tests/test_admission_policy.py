@@ -60,7 +60,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.controller.reservations import UNGATE_PATCH, PendingPod, reservation_patch
+from nvlfabric.controller.reservations import PendingPod, pioneer_patch, reservation_patch
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
 
@@ -579,8 +579,13 @@ def test_controller_may_only_lift_the_reservation_gate_of_a_pod(env: Env) -> Non
                                               patch_type=PatchType.STRATEGIC))
         assert msg.endswith("changes metadata.labels")
         assert gates() == ["example.com/other", RESERVATION_GATE]
-        controller.patch(Pod, name, UNGATE_PATCH, namespace="default", patch_type=PatchType.STRATEGIC)
+        # Sending a pioneer to its clique: the node selector may gain nvlfabric.io/clique and nothing else.
+        msg = denied(lambda: controller.patch(Pod, name, {"spec": {"nodeSelector": {"rack": "7"}}},
+                                              namespace="default", patch_type=PatchType.STRATEGIC))
+        assert msg.endswith("changes spec.nodeSelector other than adding nvlfabric.io/clique")
+        controller.patch(Pod, name, pioneer_patch(CLIQUE), namespace="default", patch_type=PatchType.STRATEGIC)
         assert gates() == ["example.com/other"]
+        assert env.admin.get(Pod, name, namespace="default").spec.nodeSelector == {"nvlfabric.io/clique": CLIQUE}
     finally:
         controller.close()
         with contextlib.suppress(ApiError):

@@ -81,6 +81,9 @@ COMPUTE_DOMAIN_LABEL: Final = "nvlfabric.io/compute-domain"
 RESERVATION_GATE: Final = "nvlfabric.io/channel-reservation"
 """A pod scheduling gate (BoundJob adds it): the controller lifts it once the pod is in its
 channel claim's reservedFor, so the scheduler never races itself on the shared claim."""
+GROUP_SIZE_ANNOTATION: Final = "nvlfabric.io/group-size"
+"""On a bound workload's pods: how many pods of the workload share its channel claim. The
+controller places the claim's clique only once it sees that many, where all of them fit."""
 PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 PART_OF: Final = "nvlfabric"

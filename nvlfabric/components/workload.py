@@ -33,6 +33,7 @@ from nvlfabric.api.names import (
     DNS_LABEL,
     GPUS_PER_CLIQUE,
     GPUS_PER_NODE,
+    GROUP_SIZE_ANNOTATION,
     MAX_PODS_PER_CLAIM,
     RESERVATION_GATE,
 )
@@ -114,6 +115,7 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str) -> d
     tpl = copy.deepcopy(args.pod_template)
     meta = tpl.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
+    meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.parallelism)}
     spec = tpl["spec"]
     spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")
     spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),

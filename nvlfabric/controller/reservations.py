@@ -33,6 +33,14 @@ about to be deallocated.
 
 Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
 
+Where the pioneer goes (placement.py): before its gate lifts, the pioneer gets
+`nodeSelector: {nvlfabric.io/clique: X}` for a clique X where every pod of the claim fits at once
+and a channel is free, so the claim, and with it the whole group, lands there and not wherever a
+first pod happened to find a free GPU. The group is complete once as many users exist as their
+`nvlfabric.io/group-size` annotation says (BoundJob sets it; without it, once no new user came
+for SETTLE_S). No clique has room: the pods stay gated, and a Warning Event on the claim and on
+the first pod names the largest room there is (re-checked every pass, so freed room is used).
+
 The watches: unbound pods (field selector `spec.nodeName=`, so a busy cluster's running pods
 cost nothing) and resource claims; every change marks its claim for a pass, a short pause before
 each pass lets a Job controller's burst of pod creations go out as one patch, and claims with
@@ -48,17 +56,20 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import Client
+from lightkube import Client, operators
 from lightkube.models import resource_v1 as models
-from lightkube.resources.core_v1 import Pod
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from nvlfabric.api import errors
-from nvlfabric.api.names import RESERVATION_GATE
-from nvlfabric.controller import health
+from nvlfabric.api import errors, names
+from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
+from nvlfabric.controller import health, placement
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.reservations")
@@ -73,6 +84,10 @@ that the pioneer is gone (the pod and claim watches are two streams: a bound pio
 the pod cache before its allocation reaches the claim cache)."""
 RESYNC_S = 2.0
 UNGATE_WORKERS = 4
+SETTLE_S = 0.5
+"""Without a group-size annotation: a claim's group is complete once no new user came for this long."""
+NO_ROOM_EVENT_S = 60.0
+"""How often the same no-room Event is repeated for one claim."""
 
 Key = tuple[str, str]  # (namespace, claim name)
 
@@ -87,6 +102,10 @@ class PendingPod:
     claims: frozenset[str]  # the resourceClaimName values of spec.resourceClaims
     gated: bool = False  # carries RESERVATION_GATE
     created: str = ""  # creationTimestamp: the oldest gated pod is a claim's pioneer
+    gpus: int = 0
+    group_size: int = 0  # GROUP_SIZE_ANNOTATION, 0 when absent
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[tuple[tuple[str, str], ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,7 @@ class ClaimState:
     reserved: tuple[str, ...] = ()  # consumer UIDs
     allocated: bool = False
     ours: bool = False  # allocated from nvlfabric's pools: a channel claim
+    clique: str | None = None  # the clique of the pool it was allocated from
 
 
 def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
@@ -109,17 +129,26 @@ def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     if not claims or not meta.get("uid"):
         return None
     gated = any(g.get("name") == RESERVATION_GATE for g in spec.get("schedulingGates") or [])
+    try:
+        size = int((meta.get("annotations") or {}).get(GROUP_SIZE_ANNOTATION, 0))
+    except ValueError:
+        size = 0
     return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims, gated,
-                      str(meta.get("creationTimestamp") or ""))
+                      str(meta.get("creationTimestamp") or ""), gpus=placement.gpus_of(pod), group_size=max(0, size),
+                      node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
+                      tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
+                                        spec.get("tolerations") or []))
 
 
 def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
     status = claim.get("status") or {}
     allocation = status.get("allocation")
     results = ((allocation or {}).get("devices") or {}).get("results") or []
+    ours = [r for r in results if r.get("driver") == driver]
     return ClaimState(uid=(claim.get("metadata") or {}).get("uid", ""),
                       reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
-                      allocated=allocation is not None, ours=any(r.get("driver") == driver for r in results))
+                      allocated=allocation is not None, ours=bool(ours),
+                      clique=names.clique_of_pool(ours[0].get("pool", "")) if ours else None)
 
 
 def to_reserve(namespace: str, claim: str, reserved: Sequence[str], pods: Iterable[PendingPod],
@@ -171,12 +200,56 @@ UNGATE_PATCH: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete"
 """Strategic merge patch removing our gate and no other (schedulingGates merge by name)."""
 
 
+def pioneer_patch(clique: str) -> dict[str, Any]:
+    """Lift the gate and narrow the pod to `clique` in one write (a gated pod's node selector may
+    gain keys; the API server checks that against the pod as it was, still gated)."""
+    return {"spec": {"nodeSelector": {CLIQUE_LABEL: clique},
+                     "schedulingGates": [{"$patch": "delete", "name": RESERVATION_GATE}]}}
+
+
+def group_of(key: Key, users: Sequence[PendingPod]) -> placement.Group:
+    """The placement demand of a claim's users: as many pods as there are, or as their group size
+    says if more; the largest pod's GPUs; the first user's node selector (BoundJob gives all of a
+    workload's pods the same)."""
+    first = min(users, key=lambda p: (p.created, p.name))
+    return placement.Group(key, max(len(users), max(p.group_size for p in users)),
+                           max(p.gpus for p in users), dict(first.node_selector))
+
+
+def complete(users: Sequence[PendingPod], quiet_for: float) -> bool:
+    """Whether every user of a claim has been created: as many as the largest group size
+    annotation says, or (none annotated) no new one for SETTLE_S."""
+    want = max((p.group_size for p in users), default=0)
+    return len(users) >= want if want else quiet_for >= SETTLE_S
+
+
+def event(client: Client, namespace: str, kind: str, api_version: str, name: str, uid: str, reason: str,
+          message: str, type_: str = "Warning") -> None:
+    """A core/v1 Event on an object (what `kubectl describe` shows); a failure only logs."""
+    now = datetime.now(UTC)
+    try:
+        with api_call(f"record event {reason} on {kind} {namespace}/{name}"):
+            client.create(Event(
+                metadata=ObjectMeta(generateName=f"{name}.", namespace=namespace),
+                involvedObject=ObjectReference(kind=kind, apiVersion=api_version, name=name, namespace=namespace,
+                                               uid=uid or None),
+                reason=reason, message=message[:1024], type=type_, count=1, firstTimestamp=now, lastTimestamp=now,
+                source=EventSource(component="nvlfabric-controller")))
+    except errors.ApiStatusError as exc:
+        log.info("%s", exc)
+
+
 class Reserver:
     """Watches unbound pods and claims; reserves each allocated channel claim for its pending
     pods and lifts the reservation gate of pods that are ready to schedule."""
 
-    def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S) -> None:
+    def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S,
+                 channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE) -> None:
         self.client, self.driver, self.coalesce_s = client, driver, coalesce_s
+        self.channels_per_clique = channels_per_clique
+        self._placed: dict[Key, str] = {}  # claim → the clique its pioneer is sent to
+        self._last_user: dict[Key, float] = {}  # claim → when its newest user appeared
+        self._no_room: dict[Key, tuple[str, float]] = {}  # claim → (message, when) of its last Event
         self._lock = threading.Condition()
         self._pods: dict[str, PendingPod] = {}  # by uid
         self._claims: dict[Key, ClaimState] = {}
@@ -197,6 +270,9 @@ class Reserver:
             if pod is None:
                 self._pods.pop(uid, None)
                 return
+            if uid not in self._pods:
+                now = time.monotonic()
+                self._last_user.update(((pod.namespace, c), now) for c in pod.claims)
             self._pods[uid] = pod
             self._dirty.update((pod.namespace, c) for c in pod.claims)
             self._lock.notify()
@@ -208,6 +284,9 @@ class Reserver:
         with self._lock:
             if kind == "DELETED":
                 self._claims.pop(key, None)
+                self._placed.pop(key, None)
+                self._last_user.pop(key, None)
+                self._no_room.pop(key, None)
                 return
             self._claims[key] = claim_state(obj.to_dict(), self.driver)
             self._dirty.add(key)
@@ -254,11 +333,12 @@ class Reserver:
             dirty, self._dirty = self._dirty, set()
         for key in sorted(dirty):
             self._reserve(key)
-        releases: list[PendingPod] = []
+        self._place(sorted(dirty))
+        releases: dict[str, tuple[PendingPod, str | None]] = {}
         with self._lock:
             for key in sorted(dirty):
-                releases.extend(self._releases(key))
-        self._ungate(list({p.uid: p for p in releases}.values()))
+                releases.update((p.uid, (p, clique)) for p, clique in self._releases(key))
+        self._ungate(list(releases.values()))
 
     def _users(self, key: Key) -> list[PendingPod]:
         return [p for p in self._pods.values() if p.namespace == key[0] and key[1] in p.claims]
@@ -290,34 +370,119 @@ class Reserver:
             log.info("claim %s/%s: reserved for %d pending pods ahead of the scheduler", namespace, name, len(pods))
             return
 
-    def _releases(self, key: Key) -> list[PendingPod]:
-        """The gated users of `key` whose gate may lift now (call with the lock held)."""
+    # -- placement -------------------------------------------------------------------------------
+
+    def _held(self) -> list[placement.Reserved]:
+        """Room the placed claims' pending pods still need (call with the lock held): bound pods
+        are counted on their nodes already."""
+        out = []
+        for key, clique in self._placed.items():
+            users = self._users(key)
+            if users:
+                out.append(placement.Reserved(clique, len(users), max(p.gpus for p in users)))
+        return out
+
+    def _free_channels(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for key, st in self._claims.items():
+            clique = st.clique if st.allocated else self._placed.get(key)
+            if clique:
+                used[clique] = used.get(clique, 0) + 1
+        return {c: self.channels_per_clique - n for c, n in used.items()}
+
+    def _place(self, keys: Sequence[Key]) -> None:
+        """Choose a clique for each claim whose group is complete and still wholly gated."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, st in self._claims.items() if k in self._placed and st.allocated
+                        and not self._users(k)]:
+                del self._placed[key]  # all its pods are bound: their nodes count them now
+            todo: list[tuple[placement.Group, list[dict[str, str]]]] = []
+            for key in keys:
+                claim, users = self._claims.get(key), self._users(key)
+                if (claim is None or claim.allocated or key in self._placed or not users
+                        or not all(p.gated for p in users)
+                        or not complete(users, now - self._last_user.get(key, now))):
+                    continue  # an ungated user allocates the claim by itself: nothing to steer
+                first = min(users, key=lambda p: (p.created, p.name))
+                todo.append((group_of(key, users), [dict(t) for t in first.tolerations]))
+            held, channels = self._held(), self._free_channels()
+        if not todo:
+            return
+        try:
+            with api_call("list the Nodes and bound pods to place channel claims"):
+                nodes = [n.to_dict() for n in self.client.list(Node, labels={CLIQUE_LABEL: operators.exists()})]
+                pods = [p.to_dict() for p in self.client.list(Pod, namespace="*", fields={
+                    "spec.nodeName": operators.not_equal("")})]
+        except errors.ApiStatusError as exc:
+            log.warning("%s; placing at the next pass", exc)
+            return
+        for group, tolerations in todo:
+            rooms = placement.node_rooms(nodes, pods, tolerations)
+            free = {c: channels.get(c, self.channels_per_clique) for c in {r.clique for r in rooms}}
+            got = placement.place([group], rooms, free, held)
+            if isinstance(got, placement.NoRoom):
+                self._say_no_room(group.key, got)
+                continue
+            clique = got[group.key]
+            held.append(placement.Reserved(clique, group.pods, group.gpus_per_pod))
+            channels[clique] = free[clique] - 1
+            with self._lock:
+                self._placed[group.key] = clique
+                self._no_room.pop(group.key, None)
+                self._dirty.add(group.key)
+            log.info("claim %s/%s: %d pods x %d GPUs placed in clique %s", *group.key, group.pods,
+                     group.gpus_per_pod, clique)
+
+    def _say_no_room(self, key: Key, why: placement.NoRoom) -> None:
+        message = why.message()
+        last = self._no_room.get(key)
+        if last is not None and last[0] == message and time.monotonic() - last[1] < NO_ROOM_EVENT_S:
+            return
+        self._no_room[key] = (message, time.monotonic())
+        log.warning("claim %s/%s: %s", *key, message)
+        with self._lock:
+            claim = self._claims.get(key)
+            users = sorted(self._users(key), key=lambda p: (p.created, p.name))
+        targets = [("ResourceClaim", "resource.k8s.io/v1", key[1], claim.uid if claim else "")]
+        if users:
+            targets.append(("Pod", "v1", users[0].name, users[0].uid))
+        for kind, api_version, name, uid in targets:
+            event(self.client, key[0], kind, api_version, name, uid, "NoCliqueRoom", message)
+
+    # -- gates -----------------------------------------------------------------------------------
+
+    def _releases(self, key: Key) -> list[tuple[PendingPod, str | None]]:
+        """The gated users of `key` whose gate may lift now, each with the clique a pioneer is
+        sent to (call with the lock held)."""
         users = self._users(key)
         claim = self._claims.get(key)
         if claim is None or not any(p.gated for p in users):
             return []
         first: PendingPod | None = None
+        clique: str | None = None
         if not claim.allocated:
             since = self._pioneered.get(key)
-            if since is None or time.monotonic() - since > PIONEER_GRACE_S:
+            clique = self._placed.get(key)
+            if clique is not None and (since is None or time.monotonic() - since > PIONEER_GRACE_S):
                 first = pioneer(users)
         else:
             self._pioneered.pop(key, None)
-        out = []
+        out: list[tuple[PendingPod, str | None]] = []
         for p in users:
             if not p.gated:
                 continue
             claims = {c: st for c in p.claims if (st := self._claims.get((p.namespace, c))) is not None}
             if releasable(p, claims, frozenset({key[1]}) if p is first else frozenset()):
-                out.append(p)
+                out.append((p, clique if p is first else None))
                 if p is first:
                     self._pioneered[key] = time.monotonic()
         return out
 
-    def _ungate(self, pods: list[PendingPod]) -> None:
-        if not pods:
+    def _ungate(self, releases: list[tuple[PendingPod, str | None]]) -> None:
+        if not releases:
             return
-        done = [p for p, ok in zip(pods, self._pool.map(self._ungate_one, pods), strict=True) if ok]
+        done = [p for (p, _), ok in zip(releases, self._pool.map(self._ungate_one, releases), strict=True) if ok]
         with self._lock:
             for p in done:
                 if p.uid in self._pods:
@@ -327,10 +492,12 @@ class Reserver:
             log.info("lifted the channel-reservation gate of %d pods (%s/%s ...)", len(done), done[0].namespace,
                      done[0].name)
 
-    def _ungate_one(self, pod: PendingPod) -> bool:
+    def _ungate_one(self, release: tuple[PendingPod, str | None]) -> bool:
+        pod, clique = release
+        patch = UNGATE_PATCH if clique is None else pioneer_patch(clique)
         try:
             with api_call(f"lift the reservation gate of pod {pod.namespace}/{pod.name}"):
-                self.client.patch(Pod, pod.name, UNGATE_PATCH, namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+                self.client.patch(Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
             return True
         except errors.NotFound:
             return False  # the pod is gone

@@ -1,0 +1,122 @@
+"""Placement by fit on the real scheduler: whole-rack domains started together get a rack each,
+a domain with no room anywhere waits gated with an Event saying why, and takes room once it frees."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingGate, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.resource_v1 import CELDeviceSelector, DeviceClassSpec, DeviceSelector
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import DeviceClass
+
+from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
+from nvlfabric.controller import pools
+from nvlfabric.controller.reconcile import Controller
+from nvlfabric.controller.reservations import Reserver
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
+from tests.conftest import Cluster
+from tests.controller.test_controller import provider_domain, remove_domain
+
+pytestmark = pytest.mark.cluster
+NODES_PER_CLIQUE, GPUS = 2, 4
+
+
+@pytest.fixture
+def racks(cluster: Cluster) -> Iterator[tuple[str, dict[str, str]]]:
+    """Three cliques of two 4-GPU nodes each, labelled for this test only: (run, node → clique)."""
+    run = uuid.uuid4().hex[:5]
+    cliques = [f"{uuid.uuid4()}.{i}" for i in range(3)]
+    where = {f"plc-{run}-{c}{n}": cliques[c] for c in range(3) for n in range(NODES_PER_CLIQUE)}
+    client = cluster.client
+    install_crd(client)
+    make_ready_nodes(client, {n: {CLIQUE_LABEL: c, "ctl-test": run} for n, c in where.items()})
+    for n in where:
+        client.patch(Node.Status, n, {"status": {"capacity": {"nvidia.com/gpu": str(GPUS)},
+                                                 "allocatable": {"nvidia.com/gpu": str(GPUS)}}})
+    with contextlib.suppress(ApiError):
+        client.create(DeviceClass(metadata=ObjectMeta(name="imex-channel.nvlfabric.io"), spec=DeviceClassSpec(
+            selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
+    Controller(client, channels_per_clique=4).reconcile_pools()
+    yield run, where
+    delete_nodes(client, list(where))
+    for c in cliques:
+        pools.withdraw(client, c)
+
+
+def whole_rack_pod(name: str, claim: str, run: str) -> Pod:
+    """A pod of a whole-rack group, as BoundJob makes it: gated, its group size annotated, 4 GPUs."""
+    return Pod(metadata=ObjectMeta(name=name, namespace="default",
+                                   annotations={GROUP_SIZE_ANNOTATION: str(NODES_PER_CLIQUE)}), spec=PodSpec(
+        nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
+        schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)],
+        resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
+        containers=[Container(name="w", image="registry.invalid/w:1", resources=ResourceRequirements(
+            claims=[ContainerClaim(name="channel")], limits={"nvidia.com/gpu": str(GPUS)}))]))
+
+
+def test_whole_rack_domains_get_a_rack_each_and_one_without_room_waits_saying_why(
+        cluster: Cluster, racks: tuple[str, dict[str, str]]) -> None:
+    client: Client = cluster.client
+    run, where = racks
+    domains = [f"plc-{run}-d{i}" for i in range(4)]
+    pods = {d: [f"{d}-{i}" for i in range(NODES_PER_CLIQUE)] for d in domains}
+    claims = {d: provider_domain(client, d) for d in domains}
+    reserver = Reserver(client, pools.DRIVER, channels_per_clique=4)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+
+    def node_of(pod: str) -> str | None:
+        return client.get(Pod, pod, namespace="default").spec.nodeName
+
+    def bound(d: str) -> bool:
+        return all(node_of(p) for p in pods[d])
+
+    try:
+        # Three whole-rack domains at once, their pods interleaved as three Jobs would create them.
+        for i in range(NODES_PER_CLIQUE):
+            for d in domains[:3]:
+                client.create(whole_rack_pod(pods[d][i], claims[d], run))
+        eventually("the three domains' pods to be bound", lambda: all(bound(d) for d in domains[:3]), timeout=60)
+        used = []
+        for d in domains[:3]:
+            cliques = {where[n] for p in pods[d] if (n := node_of(p))}
+            assert len(cliques) == 1, f"{d} split across cliques: {cliques}"
+            used.append(cliques.pop())
+        assert len(set(used)) == 3, f"two domains share a rack: {used}"
+
+        # A fourth: no room anywhere. Its pods stay gated (none holds a GPU) and say why.
+        for p in pods[domains[3]]:
+            client.create(whole_rack_pod(p, claims[domains[3]], run))
+        event = eventually("an Event saying no clique has room", lambda: next((
+            e for e in client.list(Event, namespace="default", fields={"involvedObject.name": claims[domains[3]]})
+            if e.reason == "NoCliqueRoom"), None), timeout=30)
+        assert f"no NVLink clique has room for {NODES_PER_CLIQUE} pods x {GPUS} GPUs" in (event.message or "")
+        assert list(client.list(Event, namespace="default", fields={"involvedObject.name": pods[domains[3]][0],
+                                                                   "reason": "NoCliqueRoom"}))
+        for p in pods[domains[3]]:
+            spec = client.get(Pod, p, namespace="default").spec
+            assert [g.name for g in spec.schedulingGates or []] == [RESERVATION_GATE] and not spec.nodeName
+
+        # The first domain ends: its rack is free again, and the waiting domain takes it whole.
+        for p in pods[domains[0]]:
+            client.delete(Pod, p, namespace="default", grace_period=0)
+        eventually("the waiting domain to be bound", lambda: bound(domains[3]), timeout=60)
+        assert {where[n] for p in pods[domains[3]] if (n := node_of(p))} == {used[0]}
+        failed = [e.involvedObject.name for e in client.list(Event, namespace="default",
+                                                             fields={"reason": "FailedScheduling"})
+                  if e.involvedObject.name in {p for d in domains for p in pods[d]}]
+        assert not failed, f"pods failed scheduling: {failed}"
+    finally:
+        stop.set()
+        for d in domains:
+            remove_domain(client, d, claims[d], pods[d])
+        worker.join(timeout=5)
