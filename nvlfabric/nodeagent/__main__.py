@@ -6,8 +6,10 @@ downward API). The agent:
 2. labels its own Node `nvlfabric.io/clique=<clique>` (or removes the label while the fabric is
    not ready, and says why), so the controller publishes the clique's channel pool;
 3. serves the kubelet plugin sockets and prepares channel claims (driver.py);
-4. re-checks the fabric and expires aborted checkpoint entries every --resync-seconds;
-5. on SIGTERM stops serving and removes its sockets; the IMEX daemons run on, in the node's IMEX
+4. reads NVML every second and tells the cluster within seconds when the fabric's health changes
+   (fabrichealth.py: Node condition and taint, Event, metrics, the health stream);
+5. runs housekeeping (IMEX domains, aborted checkpoint entries) every --resync-seconds;
+6. on SIGTERM stops serving and removes its sockets; the IMEX daemons run on, in the node's IMEX
    keeper (`python -m nvlfabric imex`), so prepared claims keep their NVLink imports.
 """
 

@@ -37,8 +37,8 @@ class Settings:
     """A kubeconfig file; empty: the pod's service account (`service_account_dir`)."""
     service_account_dir: str
     resync_s: float
-    """How often the fabric is re-read and housekeeping runs, in seconds (30: a fabric change shows
-    within half a minute, at a negligible cost)."""
+    """How often housekeeping runs (IMEX domains, aborted checkpoint entries), in seconds. The fabric
+    is read every second regardless (fabrichealth.py: its health shows within 5 s)."""
     imex_modes: frozenset[IMEXMode]
     log_format: process.LogFormat
     listen_address: str
