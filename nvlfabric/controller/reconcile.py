@@ -276,8 +276,8 @@ class Controller:
         changed (the summary pass is cheap; our own status write pokes once more, finds nothing
         to change and writes nothing)."""
         if reserve_ahead:
-            threading.Thread(target=Reserver(self.client, names.DRIVER, channels_per_clique=self.channels).run, args=(stop,), name="reserver",
-                             daemon=True).start()
+            reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels)
+            threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
         poke = threading.Event()
         threading.Thread(target=self._watch_domains, args=(poke, stop), name="watch-domains", daemon=True).start()
         next_pools = 0.0

@@ -110,7 +110,8 @@ def test_whole_rack_domains_get_a_rack_each_and_one_without_room_waits_saying_wh
         for p in pods[domains[0]]:
             client.delete(Pod, p, namespace="default", grace_period=0)
         eventually("the waiting domain to be bound", lambda: bound(domains[3]), timeout=60)
-        assert {where[n] for p in pods[domains[3]] if (n := node_of(p))} == {used[0]}
+        nodes = {node_of(p) for p in pods[domains[3]]}
+        assert {where[n] for n in nodes if n} == {used[0]}
         failed = [e.involvedObject.name for e in client.list(Event, namespace="default",
                                                              fields={"reason": "FailedScheduling"})
                   if e.involvedObject.name in {p for d in domains for p in pods[d]}]
