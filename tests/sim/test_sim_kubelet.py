@@ -238,3 +238,32 @@ def test_a_job_pod_with_a_run_time_succeeds_after_it(cluster: Cluster, sim_nodes
     assert status.containerStatuses[0].state.terminated.exitCode == 0
     client.delete(Pod, name, namespace="default")
     eventually("the pod to be removed", lambda: phase(client, name) == "Gone")
+
+
+def test_a_container_gets_its_downward_api_fields_and_expanded_references(cluster: Cluster,
+                                                                          sim_nodes: list[SimNode]) -> None:
+    """What a launcher line relies on: env from the pod's labels and annotations, `$(VAR)` in env
+    values (earlier entries only), command and args expanded as a kubelet expands them."""
+    client, node = cluster.client, sim_nodes[1]
+    name = f"env-{uuid.uuid4().hex[:6]}"
+    index = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    client.create(Pod.from_dict({
+        "metadata": {"name": name, "namespace": "default", "labels": {"apps.kubernetes.io/pod-index": "3"},
+                     "annotations": {"batch.kubernetes.io/job-completion-index": "2"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node.name}, "containers": [{
+            "name": "main", "image": "registry.invalid/train:1",
+            "command": ["torchrun", "--node-rank=$(RANK)"], "args": ["--master-addr=$(ADDR)", "$$(RANK)", "$(UNSET)"],
+            "env": [{"name": "EARLY", "value": "$(PORT)"},  # PORT comes later: not expanded
+                    {"name": "RANK", "valueFrom": index},
+                    {"name": "ORDINAL", "valueFrom": {"fieldRef": {
+                        "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}},
+                    {"name": "PORT", "value": "29500"},
+                    {"name": "ADDR", "value": "job-$(RANK).svc:$(PORT)"}]}]}}))
+    eventually("the pod to run", lambda: phase(client, name) == "Running")
+    record = json.loads((node.containers_dir / f"default_{name}_main.json").read_text())
+    assert record["containerEnv"] == {"EARLY": "$(PORT)", "RANK": "2", "ORDINAL": "3", "PORT": "29500",
+                                      "ADDR": "job-2.svc:29500"}
+    assert record["command"] == ["torchrun", "--node-rank=2"]
+    assert record["args"] == ["--master-addr=job-2.svc:29500", "$(RANK)", "$(UNSET)"]
+    client.delete(Pod, name, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, name) == "Gone")

@@ -11,8 +11,9 @@ Per node it does what a kubelet does that matters to DRA and to nvlfabric:
 - for each pod bound to it: waits until every claim is allocated and reserved for the pod, calls
   NodePrepareResources per driver, resolves the returned CDI IDs against the node's CDI dirs (an
   unresolvable ID fails the container start, as a runtime would), records each container's edits
-  in `containers/`, runs pods whose image maps to a local command (the node agent) as processes,
-  and reports the pod Running; Job pods annotated with a run time become Succeeded after it;
+  and its resolved env, command and args in `containers/`, runs pods whose image maps to a local
+  command (the node agent) as processes, and reports the pod Running; Job pods annotated with a
+  run time become Succeeded after it;
 - for each pod being deleted: stops its process, calls NodeUnprepareResources, then deletes the
   pod with grace period 0 (pods stay Terminating until unprepare succeeds, as with a real kubelet).
 
@@ -51,7 +52,7 @@ from nvlfabric.kube.errors import api_call
 from nvlfabric.sim.kubelet import cdi
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
-from nvlfabric.sim.kubelet.processes import PodProcess, start_pod_process, stop_all
+from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
 from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode
 from nvlfabric.sim.nvml.topology import rack_name
 
@@ -497,8 +498,11 @@ class SimKubelet:
                 edits = cdi.resolve(state.node.cdi_dirs, ids)
             except cdi.UnresolvableDevices as exc:
                 raise PodNotReady("Failed", f"container {container.name}: CreateContainerError: {exc}") from exc
+            # The CDI edits (`env` among them, the driver's) and what the kubelet itself gives the
+            # runtime: the spec's env resolved (downward API, `$(VAR)`), command and args expanded.
             records[container.name] = {"cdi_device_ids": ids,
-                                       **edits.model_dump(mode="json", by_alias=True, exclude_none=True)}
+                                       **edits.model_dump(mode="json", by_alias=True, exclude_none=True),
+                                       **container_config(pod, state.node, container)}
         state.node.containers_dir.mkdir(parents=True, exist_ok=True)
         for cname, record in records.items():
             path = state.node.containers_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{cname}.json"

@@ -5,13 +5,16 @@ emulated by path translation: for every volumeMount, a value in the container's 
 starts with the mount path is rewritten to the directory that volume maps to on this node
 (hostPath volumes through the node's host-path table, the projected service-account volume to a
 per-pod directory with a token bound to this pod). The kubelet's usual environment is added
-(KUBERNETES_SERVICE_HOST/PORT, downward-API fields), so the process sees what a pod would.
+(KUBERNETES_SERVICE_HOST/PORT, downward-API fields, the pod's labels and annotations among them),
+and `$(VAR)` references in env values, command and args are expanded as a kubelet expands them,
+so the process sees what a pod would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lightkube.models.core_v1 import Container
+from lightkube.models.core_v1 import Container, EnvVar
 from lightkube.resources.core_v1 import Pod
 
 from nvlfabric.sim.nodes import SimNode
@@ -92,7 +95,42 @@ def _field_ref(pod: Pod, node: SimNode, path: str) -> str:
         "spec.serviceAccountName": pod.spec.serviceAccountName or "",
         "status.hostIP": node.address, "status.podIP": node.address,
     }
+    if m := _META_KEY.fullmatch(path):  # metadata.labels['<key>'], metadata.annotations['<key>']
+        return str((getattr(pod.metadata, m[1]) or {}).get(m[2], ""))
     return values.get(path, "")
+
+
+_META_KEY = re.compile(r"metadata\.(labels|annotations)\['(.+)'\]")
+_REF = re.compile(r"\$(\$|\(([^)]*)\))")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion (k8s.io/kubernetes third_party/forked/golang/expansion):
+    `$(NAME)` becomes NAME's value when defined, else stays as written; `$$` is a literal `$`."""
+    def sub(m: re.Match[str]) -> str:
+        if m[1] == "$":
+            return "$"
+        return env.get(m[2], m[0])
+    return _REF.sub(sub, value)
+
+
+def env_value(pod: Pod, node: SimNode, var: EnvVar, env: dict[str, str]) -> str:
+    """One env entry's value: a downward-API field, else its value expanded against `env` (the
+    entries before it: Kubernetes expands only earlier ones). Other sources (secrets, config maps)
+    are empty: nothing here reads them."""
+    if var.valueFrom is not None and var.valueFrom.fieldRef is not None:
+        return _field_ref(pod, node, var.valueFrom.fieldRef.fieldPath)
+    return expand(var.value or "", env)
+
+
+def container_config(pod: Pod, node: SimNode, container: Container) -> dict[str, Any]:
+    """What a kubelet hands the runtime for `container` (CRI's ContainerConfig): the env of its
+    spec resolved in order, and command and args with `$(VAR)` expanded against it."""
+    env: dict[str, str] = {}
+    for var in container.env or []:
+        env[var.name] = env_value(pod, node, var, env)
+    return {"command": [expand(a, env) for a in container.command or []],
+            "args": [expand(a, env) for a in container.args or []], "containerEnv": env}
 
 
 def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None) -> dict[str, Path]:
@@ -154,11 +192,8 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command:
         **(extra_env or {}),
     }
     for e in container.env or []:
-        value: Any = e.value
-        if e.valueFrom is not None and e.valueFrom.fieldRef is not None:
-            value = _field_ref(pod, node, e.valueFrom.fieldRef.fieldPath)
-        env[e.name] = translate(str(value or ""), mounts)
-    argv = [*command, *(translate(a, mounts) for a in (container.args or []))]
+        env[e.name] = translate(env_value(pod, node, e, env), mounts)
+    argv = [*command, *(translate(expand(a, env), mounts) for a in (container.args or []))]
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     pod_dir.mkdir(parents=True, exist_ok=True)
     return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
