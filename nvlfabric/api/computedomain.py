@@ -50,7 +50,9 @@ from nvlfabric.api.names import (
     DNS_SUBDOMAIN_MAX,
     GROUP,
     MAX_CHANNEL,
+    MAX_CLIQUES_PER_DOMAIN,
     MAX_IMEX_PORT_SLOT,
+    NODES_PER_CLIQUE,
 )
 
 VERSION: Final = "v1alpha1"
@@ -90,9 +92,10 @@ class IMEXMode(StrEnum):
 
 
 class PlacementScope(StrEnum):
-    """How far the ComputeDomain's members may spread. `MultiClique` is reserved for a later version."""
+    """How far the ComputeDomain's members may spread."""
 
     SINGLE_CLIQUE = "SingleClique"
+    MULTI_CLIQUE = "MultiClique"
 
 
 class Phase(StrEnum):
@@ -154,6 +157,46 @@ _WHY = {
 #: Spec fields (by their API name) that may not change after creation.
 IMMUTABLE_FIELDS = tuple(_WHY)
 
+def too_many_nodes_message(num_nodes: int | None = None) -> str:
+    got = f" ({num_nodes})" if num_nodes is not None else ""
+    return (f"spec.numNodes{got} is more nodes than one NVL72 clique has ({NODES_PER_CLIQUE}); a single-clique "
+            "ComputeDomain never gets there: span cliques with placement: {scope: MultiClique, cliques: N}, "
+            f"or set numNodes to at most {NODES_PER_CLIQUE}")
+
+
+MULTI_NEEDS_CLIQUES_MESSAGE = ("spec.placement.cliques is required with scope MultiClique (how many cliques, 2.."
+                               f"{MAX_CLIQUES_PER_DOMAIN}) and allowed only with it")
+MULTI_NO_PIN_MESSAGE = ("spec.placement.clique pins a single-clique ComputeDomain; a MultiClique one is placed by the "
+                        "controller, one clique per group: drop placement.clique")
+MULTI_CLIQUE_SCOPED_MESSAGE = ("spec.imexMode: Dedicated is single-clique only (an IMEX domain cannot span cliques); a "
+                               "MultiClique ComputeDomain uses each clique's shared IMEX domain: imexMode CliqueScoped")
+
+
+def uneven_message(num_nodes: int | None = None, cliques: int | None = None) -> str:
+    n = f" ({num_nodes})" if num_nodes is not None else ""
+    k = f" ({cliques})" if cliques is not None else ""
+    return (f"spec.numNodes{n} must split evenly over spec.placement.cliques{k}, at most {NODES_PER_CLIQUE} nodes "
+            "(one NVL72 rack) per clique")
+
+
+SIZE_RULES: list[JsonDict] = [
+    {"rule": "!has(self.numNodes) || (has(self.placement) && has(self.placement.scope) && "
+             f"self.placement.scope == 'MultiClique') || self.numNodes <= {NODES_PER_CLIQUE}",
+     "message": too_many_nodes_message()},
+    {"rule": "!has(self.placement) || (has(self.placement.scope) && self.placement.scope == 'MultiClique') == "
+             "has(self.placement.cliques)",
+     "message": MULTI_NEEDS_CLIQUES_MESSAGE},
+    {"rule": "!has(self.placement) || !has(self.placement.cliques) || !has(self.placement.clique)",
+     "message": MULTI_NO_PIN_MESSAGE},
+    {"rule": "!has(self.placement) || !has(self.placement.cliques) || !has(self.imexMode) || "
+             "self.imexMode == 'CliqueScoped'",
+     "message": MULTI_CLIQUE_SCOPED_MESSAGE},
+    {"rule": "!has(self.placement) || !has(self.placement.cliques) || !has(self.numNodes) || "
+             f"(self.numNodes % self.placement.cliques == 0 && self.numNodes <= {NODES_PER_CLIQUE} * "
+             "self.placement.cliques)",
+     "message": uneven_message()},
+]
+
 CHANNEL_CLAIM_RULE: JsonDict = {
     "rule": "has(self.channelClaim) == has(oldSelf.channelClaim)"
     " && (!has(self.channelClaim) || self.channelClaim == oldSelf.channelClaim)",
@@ -194,9 +237,17 @@ class Placement(_Spec):
 
     scope: PlacementScope = Field(
         PlacementScope.SINGLE_CLIQUE,
-        description="How far members may spread. SingleClique (the only value in v1alpha1): every member "
-                    "runs in one NVLink clique, enforced by the scheduler through the channel claim's "
-                    "allocation. MultiClique is reserved for a later version.",
+        description="How far members may spread. SingleClique (default): every member runs in one NVLink "
+                    "clique, enforced by the scheduler through the channel claim's allocation. MultiClique: the "
+                    "members form `cliques` groups, each in a clique of its own with a channel of its own (one "
+                    "channel claim per group, '<claim>-<group>'), placed all at once or not at all.",
+    )
+    cliques: int | None = Field(
+        None, ge=2, le=MAX_CLIQUES_PER_DOMAIN,
+        description=f"MultiClique only, and required there: how many cliques (groups) the ComputeDomain spans, "
+                    f"2..{MAX_CLIQUES_PER_DOMAIN}. numNodes, if set, must split evenly over them, at most "
+                    f"{NODES_PER_CLIQUE} nodes (one NVL72 rack) per clique.",
+        json_schema_extra={"format": "int32"},
     )
     clique: str | None = Field(
         None, pattern=CLIQUE, max_length=CLIQUE_MAX,
@@ -222,7 +273,7 @@ class ComputeDomainSpec(_Spec):
     """The desired ComputeDomain."""
 
     model_config = ConfigDict(json_schema_extra={
-        "x-kubernetes-validations": [CHANNEL_CLAIM_RULE, ALL_NEEDS_DEDICATED_RULE],
+        "x-kubernetes-validations": [CHANNEL_CLAIM_RULE, ALL_NEEDS_DEDICATED_RULE, *SIZE_RULES],
     })
 
     channel_allocation_mode: ChannelAllocationMode = Field(
@@ -263,6 +314,27 @@ class ComputeDomainSpec(_Spec):
             raise ValueError(ALL_NEEDS_DEDICATED_MESSAGE)
         return self
 
+    @model_validator(mode="after")
+    def _sizes(self) -> ComputeDomainSpec:
+        multi, k = self.placement.scope is PlacementScope.MULTI_CLIQUE, self.placement.cliques
+        if multi != (k is not None):
+            raise ValueError(MULTI_NEEDS_CLIQUES_MESSAGE)
+        if k is not None and self.placement.clique is not None:
+            raise ValueError(MULTI_NO_PIN_MESSAGE)
+        if k is not None and self.imex_mode is not IMEXMode.CLIQUE_SCOPED:
+            raise ValueError(MULTI_CLIQUE_SCOPED_MESSAGE)
+        n = self.num_nodes
+        if n is not None and k is None and n > NODES_PER_CLIQUE:
+            raise ValueError(too_many_nodes_message(n))
+        if n is not None and k is not None and (n % k or n > NODES_PER_CLIQUE * k):
+            raise ValueError(uneven_message(n, k))
+        return self
+
+    @property
+    def groups(self) -> int:
+        """How many channel claims (cliques) the ComputeDomain has: 1 unless MultiClique."""
+        return self.placement.cliques or 1
+
 
 class NodeStatus(_Status):
     """One member node's report, written by that node's agent (its own field manager)."""
@@ -278,6 +350,24 @@ class NodeStatus(_Status):
                                            "prepared for this ComputeDomain.")
     message: str | None = Field(None, max_length=1024,
                                 description="Human-readable detail, e.g. why the node is not ready.")
+
+
+class GroupStatus(_Status):
+    """One clique group of a MultiClique ComputeDomain: its claim's clique and channel, and its members."""
+
+    index: int = Field(ge=0, le=MAX_CLIQUES_PER_DOMAIN - 1, description="The group's number (the key of this list).",
+                       json_schema_extra={"format": "int32"})
+    claim: str = Field(pattern=DNS_SUBDOMAIN, max_length=DNS_SUBDOMAIN_MAX,
+                       description="The group's channel ResourceClaim, which its pods list.")
+    clique: str | None = Field(None, pattern=CLIQUE, max_length=CLIQUE_MAX,
+                               description="The clique the group is placed in (unset until its claim is allocated).")
+    channel: int | None = Field(None, ge=0, le=MAX_CHANNEL, description="The group's IMEX channel in its clique.",
+                                json_schema_extra={"format": "int32"})
+    nodes: list[Annotated[str, Field(max_length=DNS_SUBDOMAIN_MAX, description="A Node name.")]] = Field(
+        default_factory=list, max_length=NODES_PER_CLIQUE * 4,
+        description="The member nodes in the group's clique.")
+    ready_nodes: int = Field(0, alias="readyNodes", ge=0, description="How many of those are ready.",
+                             json_schema_extra={"format": "int32"})
 
 
 class Condition(_Status):
@@ -335,6 +425,15 @@ class ComputeDomainStatus(_Status):
     total_nodes: int | None = Field(None, alias="totalNodes", ge=0,
                                     description="Number of entries in nodes.",
                                     json_schema_extra={"format": "int32"})
+    groups: list[GroupStatus] = Field(
+        default_factory=list, max_length=MAX_CLIQUES_PER_DOMAIN,
+        description="MultiClique only: one entry per clique group, keyed by index (written by the controller).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["index"]},
+    )
+    placed_cliques: int | None = Field(
+        None, alias="placedCliques", ge=0, le=MAX_CLIQUES_PER_DOMAIN,
+        description="How many cliques the members are placed in (MultiClique: groups whose claim is allocated).",
+        json_schema_extra={"format": "int32"})
     unhealthy_nodes: list[Annotated[str, Field(max_length=DNS_SUBDOMAIN_MAX, description="A Node name.")]] = Field(
         default_factory=list, alias="unhealthyNodes", max_length=256,
         description="Member nodes whose NVLink fabric their agent reports unhealthy (the Node condition "
@@ -396,8 +495,16 @@ class ComputeDomain(BaseModel):
 
 
 def channel_claim_name(cd_name: str, spec: ComputeDomainSpec) -> str:
-    """The shared channel ResourceClaim's name for a ComputeDomain."""
+    """The shared channel ResourceClaim's name for a ComputeDomain (a MultiClique one: the base of
+    its groups' claim names)."""
     return spec.channel_claim.name if spec.channel_claim else f"{cd_name}{CHANNEL_CLAIM_SUFFIX}"
+
+
+def channel_claim_names(cd_name: str, spec: ComputeDomainSpec) -> list[str]:
+    """Every channel ResourceClaim of a ComputeDomain, by group: `[<claim>]` for a single clique,
+    `[<claim>-0, <claim>-1, ...]` for MultiClique (one per clique group)."""
+    base = channel_claim_name(cd_name, spec)
+    return [base] if spec.placement.cliques is None else [f"{base}-{g}" for g in range(spec.placement.cliques)]
 
 
 def immutable_changes(old: ComputeDomainSpec, new: ComputeDomainSpec) -> list[str]:

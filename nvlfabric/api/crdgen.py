@@ -157,6 +157,8 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "The clique the members are placed in."},
         {"name": "Channel", "type": "integer", "jsonPath": ".status.channel",
          "description": "The IMEX channel allocated to the ComputeDomain."},
+        {"name": "Cliques", "type": "integer", "jsonPath": ".status.placedCliques",
+         "description": "How many cliques the members are placed in (MultiClique: see status.groups)."},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes",
          "description": "Member nodes that are ready."},
         {"name": "Nodes", "type": "integer", "jsonPath": ".status.totalNodes",

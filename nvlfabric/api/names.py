@@ -107,6 +107,12 @@ GPUS_PER_NODE: Final = 4
 NODES_PER_CLIQUE: Final = 18
 """An NVL72 rack: 18 trays in one NVLink clique."""
 GPUS_PER_CLIQUE: Final = GPUS_PER_NODE * NODES_PER_CLIQUE
+MAX_CLIQUES_PER_DOMAIN: Final = 64
+"""A multi-clique ComputeDomain spans at most this many cliques (one channel claim each): 64 racks,
+4608 GPUs, beyond any one training job we know of and well inside what the controller lists."""
+CLIQUE_GROUPS_ANNOTATION: Final = "nvlfabric.io/clique-groups"
+"""On each channel claim of a multi-clique ComputeDomain: how many claims (one per clique) the
+domain has, so the controller places them all at once or none."""
 MAX_IMEX_PORT_SLOT: Final = 99
 """Dedicated IMEX domains use port slots 1..99 (slot 0, the IMEX default ports, is the clique's
 persistent domain)."""

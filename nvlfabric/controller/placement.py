@@ -68,12 +68,18 @@ class NoRoom:
     group: Group
     best_clique: str | None
     best_room: int
+    groups: int = 1
+    """How many groups the job has (a MultiClique domain: one per clique)."""
+    fitted: int = 0
+    """How many of them found a clique before this one did not."""
 
     def message(self) -> str:
         want = f"{self.group.pods} pods x {self.group.gpus_per_pod} GPUs"
+        job = (f"a job of {self.groups} clique groups needs {self.groups} cliques with room, {self.fitted} have "
+               "it; " if self.groups > 1 else "")
         if self.best_clique is None:
-            return f"no NVLink clique with a free channel and a schedulable node for {want}"
-        return (f"no NVLink clique has room for {want}: the most is {self.best_room} such pods, in clique "
+            return f"{job}no NVLink clique with a free channel and a schedulable node for {want}"
+        return (f"{job}no NVLink clique has room for {want}: the most is {self.best_room} such pods, in clique "
                 f"{self.best_clique}; the pods stay gated until a clique has room")
 
 
@@ -102,25 +108,28 @@ def room(clique: str, nodes: Sequence[NodeRoom], reserved: Iterable[Reserved], g
 
 
 def place(groups: Sequence[Group], nodes: Sequence[NodeRoom], free_channels: Mapping[str, int],
-          reserved: Sequence[Reserved] = ()) -> dict[tuple[str, str], str] | NoRoom:
+          reserved: Sequence[Reserved] = (), exclude: Iterable[str] = ()) -> dict[tuple[str, str], str] | NoRoom:
     """A clique for every group of one job (all or nothing), each clique used by one group of it and
-    holding a free channel; or why the first group that does not fit does not.
+    holding a free channel, none of `exclude` (the cliques of the job's groups placed before); or
+    why the first group that does not fit does not.
 
     Groups are placed largest first (the hardest to fit), each at the best fit left after the
     ones before it."""
     out: dict[tuple[str, str], str] = {}
+    taken = set(exclude)
     held_now = list(reserved)
     channels = dict(free_channels)
     cliques = sorted({n.clique for n in nodes})
     for g in sorted(groups, key=lambda g: (-g.pods * max(g.gpus_per_pod, 1), g.key)):
         options = [(room(c, nodes, held_now, g), c) for c in cliques
-                   if channels.get(c, 0) > 0 and c not in out.values()]
+                   if channels.get(c, 0) > 0 and c not in taken]
         fitting = [(r, c) for r, c in options if r >= g.pods]
         if not fitting:
             best = max(options, default=None)
-            return NoRoom(g, best[1] if best else None, max(0, best[0]) if best else 0)
+            return NoRoom(g, best[1] if best else None, max(0, best[0]) if best else 0, len(groups), len(out))
         _, chosen = min(fitting)
         out[g.key] = chosen
+        taken.add(chosen)
         channels[chosen] -= 1
         held_now.append(Reserved(chosen, g.pods, g.gpus_per_pod))
     return out

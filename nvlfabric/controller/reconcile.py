@@ -99,19 +99,41 @@ def assign_port_slots(domains: Sequence[SlotRequest]) -> dict[str, int | None]:
     return out
 
 
+def group_status(claims: Sequence[tuple[str, tuple[str, int] | None]],
+                 nodes: Sequence[api.NodeStatus]) -> list[dict[str, Any]]:
+    """A MultiClique domain's `status.groups` (pure): per claim, its clique and channel and the
+    members in that clique."""
+    out = []
+    for index, (claim, alloc) in enumerate(claims):
+        members = [n for n in nodes if alloc is not None and n.clique == alloc[0]]
+        out.append(api.GroupStatus(index=index, claim=claim, clique=alloc[0] if alloc else None,
+                                   channel=alloc[1] if alloc else None, nodes=[n.name for n in members],
+                                   ready_nodes=sum(1 for n in members if n.ready)).model_dump(
+            mode="json", by_alias=True, exclude_none=True))
+    return out
+
+
 def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
               allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None,
-              unhealthy: Mapping[str, str] | None = None) -> dict[str, Any]:
+              unhealthy: Mapping[str, str] | None = None,
+              groups: Sequence[tuple[str, tuple[str, int] | None]] | None = None) -> dict[str, Any]:
     """The controller-owned status fields for one domain (pure). `unhealthy`: Node name → why its
-    agent reports the NVLink fabric unhealthy (its NVLinkFabricReady condition), for every node."""
+    agent reports the NVLink fabric unhealthy (its NVLinkFabricReady condition), for every node.
+    `groups`: a MultiClique domain's claims with their allocations, in group order (then
+    `allocation` is ignored: the domain has a channel once every group has one)."""
     nodes = status.nodes
     ready = [n for n in nodes if n.ready]
     previous = status.phase
     dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
     sick = [(n.name, (unhealthy or {})[n.name]) for n in nodes if n.name in (unhealthy or {})]
-    if allocation is None:
+    placed = sum(1 for _, a in groups if a is not None) if groups is not None else None
+    if groups is not None and placed != len(groups):
+        phase, reason = api.Phase.PENDING, "GroupsNotPlaced"
+        message = (f"{placed} of {len(groups)} clique groups have a channel; the controller places all of them at "
+                   "once where each fits (see the claims' NoCliqueRoom events)")
+    elif groups is None and allocation is None:
         phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
-    elif dedicated and port_slot is None:
+    elif dedicated and port_slot is None and allocation is not None:
         phase, reason = api.Phase.FAILED, "NoIMEXPortSlot"
         message = (f"every IMEX port slot (1-{names.MAX_IMEX_PORT_SLOT}) of clique {allocation[0]} is held by another "
                    "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
@@ -147,8 +169,11 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
     }
     if sick:
         out["unhealthyNodes"] = [name for name, _ in sick]
-    if allocation is not None:
+    if groups is not None:
+        out["groups"], out["placedCliques"] = group_status(groups, nodes), placed
+    elif allocation is not None:
         out["clique"], out["channel"] = allocation
+        out["placedCliques"] = 1
     if dedicated and port_slot is not None:
         out["imexPortSlot"] = port_slot
     return out
@@ -206,41 +231,45 @@ class Controller:
         return out
 
     def reconcile_domains(self) -> None:
-        seen: list[tuple[Any, api.ComputeDomain, tuple[str, int] | None]] = []
+        seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]]]] = []
         unhealthy = self.unhealthy_nodes()
         obj: Any
         for obj in self.client.list(ComputeDomainResource, namespace="*"):
             meta = obj.metadata
             try:
                 cd = api.ComputeDomain.model_validate(obj.to_dict())
-                seen.append((obj, cd, allocation_of(self._claim(cd))))
+                seen.append((obj, cd, [(c, allocation_of(self._claim(cd, c)))
+                                       for c in api.channel_claim_names(cd.metadata.name, cd.spec)]))
             except (errors.NvlfabricError, ValueError) as exc:
                 log.warning("ComputeDomain %s/%s: %s", meta.namespace if meta else "?", meta.name if meta else "?", exc)
         slots = assign_port_slots([
-            SlotRequest(_key(cd), alloc[0] if alloc else None, cd.status.imex_port_slot if cd.status else None,
+            SlotRequest(_key(cd), allocs[0][1][0] if allocs[0][1] else None,
+                        cd.status.imex_port_slot if cd.status else None,
                         str(obj.metadata.creationTimestamp or "") if obj.metadata else "")
-            for obj, cd, alloc in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
-        for obj, cd, alloc in seen:
+            for obj, cd, allocs in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
+        for obj, cd, allocs in seen:
             try:
                 with api_call(f"update the status of ComputeDomain {_key(cd)}"):
-                    self._reconcile_domain(obj, cd, alloc, slots.get(_key(cd)), unhealthy)
+                    self._reconcile_domain(obj, cd, allocs, slots.get(_key(cd)), unhealthy)
             except (errors.NvlfabricError, ValueError) as exc:
                 log.warning("ComputeDomain %s: %s", _key(cd), exc)
 
-    def _claim(self, cd: api.ComputeDomain) -> ResourceClaim | None:
-        namespace, name = cd.metadata.namespace or "default", api.channel_claim_name(cd.metadata.name, cd.spec)
+    def _claim(self, cd: api.ComputeDomain, name: str) -> ResourceClaim | None:
+        namespace = cd.metadata.namespace or "default"
         try:
             with api_call(f"read claim {namespace}/{name}"):
                 return self.client.get(ResourceClaim, name, namespace=namespace)
         except errors.NotFound:
             return None
 
-    def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocation: tuple[str, int] | None,
+    def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
                           port_slot: int | None, unhealthy: Mapping[str, str] | None = None) -> None:
         name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
         generation = int((obj.metadata.generation if obj.metadata else None) or 0)
-        summary = summarize(cd.spec, status, generation, allocation, port_slot=port_slot, unhealthy=unhealthy)
+        multi = cd.spec.placement.cliques is not None
+        summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
+                            groups=allocs if multi else None)
         current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
         if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \

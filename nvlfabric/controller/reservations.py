@@ -68,7 +68,13 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from nvlfabric.api import errors, names
-from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
+from nvlfabric.api.names import (
+    CLIQUE_GROUPS_ANNOTATION,
+    CLIQUE_LABEL,
+    COMPUTE_DOMAIN_LABEL,
+    GROUP_SIZE_ANNOTATION,
+    RESERVATION_GATE,
+)
 from nvlfabric.controller import health, placement
 from nvlfabric.kube.errors import api_call
 
@@ -117,6 +123,8 @@ class ClaimState:
     allocated: bool = False
     ours: bool = False  # allocated from nvlfabric's pools: a channel claim
     clique: str | None = None  # the clique of the pool it was allocated from
+    job: str = ""  # its ComputeDomain (the claim's label): the claims of one domain are one job
+    groups: int = 1  # CLIQUE_GROUPS_ANNOTATION: how many claims the job has (MultiClique)
 
 
 def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
@@ -145,7 +153,13 @@ def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
     allocation = status.get("allocation")
     results = ((allocation or {}).get("devices") or {}).get("results") or []
     ours = [r for r in results if r.get("driver") == driver]
-    return ClaimState(uid=(claim.get("metadata") or {}).get("uid", ""),
+    meta = claim.get("metadata") or {}
+    try:
+        groups = max(1, int((meta.get("annotations") or {}).get(CLIQUE_GROUPS_ANNOTATION, 1)))
+    except ValueError:
+        groups = 1
+    return ClaimState(uid=meta.get("uid", ""), job=(meta.get("labels") or {}).get(COMPUTE_DOMAIN_LABEL, ""),
+                      groups=groups,
                       reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
                       allocated=allocation is not None, ours=bool(ours),
                       clique=names.clique_of_pool(ours[0].get("pool", "")) if ours else None)
@@ -390,24 +404,56 @@ class Reserver:
                 used[clique] = used.get(clique, 0) + 1
         return {c: self.channels_per_clique - n for c, n in used.items()}
 
+    def _waiting(self, key: Key, now: float) -> placement.Group | None:
+        """The claim's group if it is to be placed now (call with the lock held): complete, every
+        user still gated (an ungated one allocates the claim by itself: nothing to steer), and
+        neither allocated nor placed yet."""
+        claim, users = self._claims.get(key), self._users(key)
+        if (claim is None or claim.allocated or key in self._placed or not users or not all(p.gated for p in users)
+                or not complete(users, now - self._last_user.get(key, now))):
+            return None
+        return group_of(key, users)
+
+    def _jobs(self, keys: Sequence[Key], now: float) -> list[tuple[list[placement.Group], set[str], list[Key]]]:
+        """What to place (call with the lock held): per job, the groups to place together, the
+        cliques its other groups hold already (placed or allocated), and its keys. A MultiClique
+        domain's claims are one job, placed only once every one of them exists and is complete."""
+        out = []
+        done: set[Key] = set()
+        for key in keys:
+            claim = self._claims.get(key)
+            if key in done or claim is None:
+                continue
+            if claim.groups <= 1 or not claim.job:
+                job_keys = [key]
+            else:
+                job_keys = sorted(k for k, st in self._claims.items()
+                                  if k[0] == key[0] and st.job == claim.job and st.groups == claim.groups)
+            done.update(job_keys)
+            if len(job_keys) < claim.groups:
+                continue  # a claim of the domain is not there (yet): none of its groups starts
+            waiting = {k: g for k in job_keys if (g := self._waiting(k, now)) is not None}
+            taken = {c for k in job_keys if k not in waiting
+                     if (c := self._placed.get(k) or self._claims[k].clique) is not None}
+            settled = len(waiting) + sum(1 for k in job_keys if k in self._placed or self._claims[k].allocated)
+            if waiting and settled == len(job_keys):
+                out.append((list(waiting.values()), taken, list(waiting)))
+        return out
+
     def _place(self, keys: Sequence[Key]) -> None:
-        """Choose a clique for each claim whose group is complete and still wholly gated."""
+        """Choose a clique for each claim whose group is complete and still wholly gated; a job of
+        several claims gets one clique per claim, all at once or none."""
         now = time.monotonic()
         with self._lock:
             for key in [k for k, st in self._claims.items() if k in self._placed and st.allocated
                         and not self._users(k)]:
                 del self._placed[key]  # all its pods are bound: their nodes count them now
-            todo: list[tuple[placement.Group, list[dict[str, str]]]] = []
-            for key in keys:
-                claim, users = self._claims.get(key), self._users(key)
-                if (claim is None or claim.allocated or key in self._placed or not users
-                        or not all(p.gated for p in users)
-                        or not complete(users, now - self._last_user.get(key, now))):
-                    continue  # an ungated user allocates the claim by itself: nothing to steer
-                first = min(users, key=lambda p: (p.created, p.name))
-                todo.append((group_of(key, users), [dict(t) for t in first.tolerations]))
+            jobs = self._jobs(keys, now)
+            tolerations = {id(groups): [dict(t) for t in min(
+                (p for k in job_keys for p in self._users(k)), key=lambda p: (p.created, p.name)).tolerations]
+                for groups, _, job_keys in jobs}
             held, channels = self._held(), self._free_channels()
-        if not todo:
+        if not jobs:
             return
         try:
             with api_call("list the Nodes and bound pods to place channel claims"):
@@ -417,22 +463,24 @@ class Reserver:
         except errors.ApiStatusError as exc:
             log.warning("%s; placing at the next pass", exc)
             return
-        for group, tolerations in todo:
-            rooms = placement.node_rooms(nodes, pods, tolerations)
+        for groups, taken, _ in jobs:
+            rooms = placement.node_rooms(nodes, pods, tolerations[id(groups)])
             free = {c: channels.get(c, self.channels_per_clique) for c in {r.clique for r in rooms}}
-            got = placement.place([group], rooms, free, held)
+            got = placement.place(groups, rooms, free, held, exclude=taken)
             if isinstance(got, placement.NoRoom):
-                self._say_no_room(group.key, got)
+                for g in groups:
+                    self._say_no_room(g.key, got)
                 continue
-            clique = got[group.key]
-            held.append(placement.Reserved(clique, group.pods, group.gpus_per_pod))
-            channels[clique] = free[clique] - 1
-            with self._lock:
-                self._placed[group.key] = clique
-                self._no_room.pop(group.key, None)
-                self._dirty.add(group.key)
-            log.info("claim %s/%s: %d pods x %d GPUs placed in clique %s", *group.key, group.pods,
-                     group.gpus_per_pod, clique)
+            for g in groups:
+                clique = got[g.key]
+                held.append(placement.Reserved(clique, g.pods, g.gpus_per_pod))
+                channels[clique] = free[clique] = free[clique] - 1
+                with self._lock:
+                    self._placed[g.key] = clique
+                    self._no_room.pop(g.key, None)
+                    self._dirty.add(g.key)
+                log.info("claim %s/%s: %d pods x %d GPUs placed in clique %s", *g.key, g.pods, g.gpus_per_pod,
+                         clique)
 
     def _say_no_room(self, key: Key, why: placement.NoRoom) -> None:
         message = why.message()

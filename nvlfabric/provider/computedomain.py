@@ -56,6 +56,7 @@ lightkube; a test proves that an unknown field is rejected by the server).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -87,8 +88,8 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors as api_errors
 from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
-from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, immutable_changes
-from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
+from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names, immutable_changes
+from nvlfabric.api.names import CLIQUE_GROUPS_ANNOTATION, COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
 from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import await_, errors, kube
 from nvlfabric.provider.await_ import AwaitFor, Deadline, Snapshot
@@ -348,20 +349,24 @@ def pinned_clique_selector(clique: str) -> str:
     return f'device.attributes["{DRIVER}"].clique == "{clique}"'
 
 
-def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec) -> dict[str, Any]:
-    """The CD's shared channel ResourceClaim: one channel device, owned by the CD.
+def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec, group: int = 0) -> dict[str, Any]:
+    """The CD's shared channel ResourceClaim (a MultiClique CD's claim of clique group `group`):
+    one channel device, owned by the CD.
 
     The owner reference is a controller reference without `blockOwnerDeletion` (deletes here are
     background ones, and setting it needs update rights on the CD's finalizers where the
-    OwnerReferencesPermissionEnforcement admission plugin runs).
+    OwnerReferencesPermissionEnforcement admission plugin runs). A MultiClique CD's claims say
+    how many they are (`nvlfabric.io/clique-groups`), so the controller places them together.
     """
+    multi = spec.groups > 1
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {
-            "name": channel_claim_name(cd_name, spec),
+            "name": channel_claim_names(cd_name, spec)[group],
             "namespace": namespace,
             "labels": {COMPUTE_DOMAIN_LABEL: cd_name},
+            **({"annotations": {CLIQUE_GROUPS_ANNOTATION: str(spec.groups)}} if multi else {}),
             "ownerReferences": [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": cd_name, "uid": uid,
                                  "controller": True}],
         },
@@ -482,7 +487,7 @@ class ComputeDomainProvider(ResourceProvider):
         created: list[tuple[str, Any, str]] = []
         try:
             cd = self._create_cd(client, settings, spec, created, deadline)
-            self._ensure_claim(client, cd, created, deadline)
+            self._ensure_claims(client, cd, created, deadline)
             cd = self._await(client, cd, settings.await_for, deadline)
         except Exception as exc:
             self._roll_back(client, ns, created, exc)
@@ -509,7 +514,7 @@ class ComputeDomainProvider(ResourceProvider):
         with kube_errors.api_call(f"update {ref}"):
             cd = dict(_send(client, "patch", CD, patch, name=args.name, namespace=args.namespace,
                             headers={"Content-Type": PatchType.MERGE.value}))
-        self._ensure_claim(client, cd, [], deadline)
+        self._ensure_claims(client, cd, [], deadline)
         cd = self._await(client, cd, args.await_for, deadline)
         return UpdateResult(outputs(cd, args.to_inputs()))
 
@@ -522,12 +527,20 @@ class ComputeDomainProvider(ResourceProvider):
         snap = Snapshot(namespace=ns, name=name, claim_name=_claim_name(name, cd, props))
         ours = _claim_filter(name, uid=str(_meta(cd).get("uid") or props.get("uid") or ""))
         claim = ours(_get(client, ResourceClaim, snap.claim_name, ns))
-        if claim is not None and not force:
-            self._refuse_if_in_use(client, snap, claim)
+        # A MultiClique CD's other groups' claims (the first one is awaited below, these are owned
+        # by the CD as well, so the garbage collector would remove them after it too).
+        spec = ComputeDomainSpec.model_validate((cd or {}).get("spec") or {})
+        others = [(n, c) for n in channel_claim_names(name, spec)[1:]
+                  if (c := ours(_get(client, ResourceClaim, n, ns))) is not None]
+        if not force:
+            for claim_name, c in [(snap.claim_name, claim), *others]:
+                if c is not None:
+                    self._refuse_if_in_use(client, dataclasses.replace(snap, claim_name=claim_name), c)
         if cd is not None:
             _delete(client, CD, name, ns, action=f"delete {snap.cd_ref}")
-        if claim is not None:
-            _delete(client, ResourceClaim, snap.claim_name, ns, action=f"delete {snap.claim_ref}")
+        for claim_name, c in [(snap.claim_name, claim), *others]:
+            if c is not None:
+                _delete(client, ResourceClaim, claim_name, ns, action=f"delete ResourceClaim {ns}/{claim_name}")
 
         def observe() -> Snapshot:
             return Snapshot(namespace=ns, name=name, claim_name=snap.claim_name, cd=_get(client, CD, name, ns),
@@ -571,7 +584,7 @@ class ComputeDomainProvider(ResourceProvider):
         ref = f"ComputeDomain {ns}/{name}"
         body = {"apiVersion": api.API_VERSION, "kind": api.KIND,
                 "metadata": {"name": name, "namespace": ns, **({"labels": args.labels} if args.labels else {})},
-                "spec": dict(spec)}
+                "spec": whole_numbers(dict(spec))}
         try:
             cd = self._retrying(deadline, f"create {ref}",
                                 lambda: dict(_send(client, "post", CD, CD.from_dict(body), namespace=ns)))
@@ -593,12 +606,19 @@ class ComputeDomainProvider(ResourceProvider):
         created.append(("ComputeDomain", CD, name))
         return cd
 
+    def _ensure_claims(self, client: Client, cd: Mapping[str, Any], created: list[tuple[str, Any, str]],
+                       deadline: Deadline) -> None:
+        """Create the CD's channel claim (a MultiClique CD's, one per clique group)."""
+        spec = ComputeDomainSpec.model_validate(cd.get("spec") or {})
+        for group in range(spec.groups):
+            self._ensure_claim(client, cd, created, deadline, group)
+
     def _ensure_claim(self, client: Client, cd: Mapping[str, Any], created: list[tuple[str, Any, str]],
-                      deadline: Deadline) -> dict[str, Any]:
-        """Create the CD's channel claim; an existing one is fine only if the CD owns it."""
+                      deadline: Deadline, group: int = 0) -> dict[str, Any]:
+        """Create one channel claim of the CD; an existing one is fine only if the CD owns it."""
         meta = _meta(cd)
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
-        body = channel_claim(name, ns, uid, ComputeDomainSpec.model_validate(cd.get("spec") or {}))
+        body = channel_claim(name, ns, uid, ComputeDomainSpec.model_validate(cd.get("spec") or {}), group)
         claim_name = body["metadata"]["name"]
         ref = f"ResourceClaim {ns}/{claim_name}"
         try:
@@ -699,6 +719,19 @@ def _parse(props: Mapping[str, Any]) -> ComputeDomainArgs:
     except ValidationError as exc:
         reasons = "; ".join(f"{f.property}: {f.reason}" for _, f in map(_failure, exc.errors()))
         raise errors.InvalidInputs(f"invalid ComputeDomain inputs: {reasons}") from None
+
+
+def whole_numbers(value: Any) -> Any:
+    """`value` with every whole float (Pulumi's numbers arrive as floats: numNodes 2.0) as an int.
+    The API server takes 2.0 for an integer field but hands it to CEL as a double, and the spec's
+    size rules (`numNodes <= 18`) then fail with "expected int, got float64"."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
 
 
 def _claim_name(name: str, cd: Mapping[str, Any] | None, props: Mapping[str, Any]) -> str:

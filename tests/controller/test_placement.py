@@ -138,3 +138,15 @@ def test_random_churn_never_over_commits_a_clique_and_jobs_are_all_or_nothing(
                     assert spot is not None, f"clique {c} over-committed"
                     room_left[spot] -= r.gpus_per_pod
             assert sum(1 for job in live for _, r in job if r.clique == c) <= free_channels[c]
+
+
+def test_a_job_that_does_not_fit_whole_says_how_many_cliques_it_needs_and_has() -> None:
+    nodes = rack("a", [4] * RACK) + rack("b", [4] * RACK) + rack("c", [4] * 9)
+    job = [Group(("ns", f"j-channel-{i}"), 18, 4) for i in range(3)]
+    got = place(job, nodes, dict.fromkeys("abc", 1))
+    assert isinstance(got, NoRoom)
+    assert got.message().startswith("a job of 3 clique groups needs 3 cliques with room, 2 have it; no NVLink "
+                                    "clique has room for 18 pods x 4 GPUs: the most is 9 such pods, in clique c")
+    # Its groups placed before (a restarted controller) keep their cliques; the rest go elsewhere.
+    rest = place(job[1:2], nodes, dict.fromkeys("abc", 1), exclude={"a"})
+    assert rest == {("ns", "j-channel-1"): "b"}

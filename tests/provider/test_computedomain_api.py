@@ -53,10 +53,21 @@ dns_labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", fullmatch=
 short_labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z", fullmatch=True)
 claim_names = st.lists(short_labels, min_size=1, max_size=4).map(".".join)
 cliques = st.builds(lambda u, n: f"{u}.{n}", st.uuids().map(str), st.integers(0, 2**32 - 1))
-placements = st.fixed_dictionaries({}, optional={"scope": st.just("SingleClique"), "clique": cliques})
+placements = st.one_of(
+    st.fixed_dictionaries({}, optional={"scope": st.just("SingleClique"), "clique": cliques}),
+    st.fixed_dictionaries({"scope": st.just("MultiClique"),
+                           "cliques": st.integers(2, contract.MAX_CLIQUES_PER_DOMAIN)}))
 
 
 def _consistent(spec: dict[str, Any]) -> dict[str, Any]:
+    k = (spec.get("placement") or {}).get("cliques")
+    if k is not None:  # MultiClique: the shared IMEX domains, and numNodes a whole number per clique
+        spec.pop("channelAllocationMode", None)
+        spec.pop("imexMode", None)
+        if "numNodes" in spec:
+            spec["numNodes"] = k * (spec["numNodes"] % contract.NODES_PER_CLIQUE + 1)
+    elif "numNodes" in spec:
+        spec["numNodes"] = (spec["numNodes"] - 1) % contract.NODES_PER_CLIQUE + 1
     if spec.get("channelAllocationMode") == "All":
         spec["imexMode"] = "Dedicated"
     return spec
@@ -133,7 +144,8 @@ def test_schema_decisions() -> None:
     assert spec["imexMode"]["default"] == "CliqueScoped"
     assert spec["placement"]["default"] == {}
     assert spec["placement"]["properties"]["scope"] == {**spec["placement"]["properties"]["scope"],
-                                                         "enum": ["SingleClique"], "default": "SingleClique"}
+                                                         "enum": ["SingleClique", "MultiClique"],
+                                                         "default": "SingleClique"}
     assert spec["numNodes"]["minimum"] == 1 and "default" not in spec["numNodes"]
     assert props["spec"]["default"] == {}
     for field in ("channelAllocationMode", "imexMode", "placement"):
@@ -148,7 +160,7 @@ def test_schema_decisions() -> None:
     version = crdgen.build()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Clique", "Channel", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
+        "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
 
 
 def test_crdgen_refuses_unions() -> None:
@@ -186,6 +198,9 @@ def test_valid_specs_round_trip(name: str, spec: dict[str, Any]) -> None:
     assert "status" not in out
     expected_claim = spec["channelClaim"]["name"] if "channelClaim" in spec else f"{name}-channel"
     assert cd.channel_claim_name == expected_claim
+    k = spec.get("placement", {}).get("cliques")
+    assert cdapi.channel_claim_names(name, cd.spec) == (
+        [expected_claim] if k is None else [f"{expected_claim}-{g}" for g in range(k)])
 
 
 def _not_dns_label(s: str) -> bool:
@@ -208,7 +223,7 @@ def test_invalid_spec_values_rejected_naming_the_field(data: st.DataObject) -> N
         st.tuples(st.just("numNodes"), st.integers(max_value=0)),
         st.tuples(st.just("channelAllocationMode"), st.text().filter(lambda s: s not in ("Single", "All"))),
         st.tuples(st.just("imexMode"), st.text().filter(lambda s: s not in ("CliqueScoped", "Dedicated"))),
-        st.tuples(st.just("placement.scope"), st.text().filter(lambda s: s != "SingleClique")),
+        st.tuples(st.just("placement.scope"), st.text().filter(lambda s: s not in ("SingleClique", "MultiClique"))),
         st.tuples(st.just("placement.clique"), st.text().filter(lambda s: re.fullmatch(contract.CLIQUE, s) is None)),
         st.tuples(st.just("channelClaim.name"),
                   st.text().filter(lambda s: len(s) > 253 or re.fullmatch(contract.DNS_SUBDOMAIN, s) is None)),
@@ -318,6 +333,7 @@ def test_crd_established_with_printer_columns(api: Cluster) -> None:
     assert version.subresources is not None and version.subresources.status is not None
     columns = {c.name: c.jsonPath for c in version.additionalPrinterColumns or []}
     assert columns == {"Phase": ".status.phase", "Clique": ".status.clique", "Channel": ".status.channel",
+                       "Cliques": ".status.placedCliques",
                        "Ready": ".status.readyNodes", "Nodes": ".status.totalNodes",
                        "Unhealthy": ".status.unhealthyNodes", "IMEX": ".spec.imexMode",
                        "Age": ".metadata.creationTimestamp"}
@@ -353,8 +369,21 @@ INVALID = [
     pytest.param({"numNodes": 0}, "spec.numNodes", "greater than or equal to 1", id="numNodes-0"),
     pytest.param({"channelAllocationMode": "Many"}, "spec.channelAllocationMode", "Unsupported value", id="mode"),
     pytest.param({"imexMode": "Shared"}, "spec.imexMode", "Unsupported value", id="imexMode"),
-    pytest.param({"placement": {"scope": "MultiClique"}}, "spec.placement.scope", "Unsupported value",
+    pytest.param({"placement": {"scope": "Everywhere"}}, "spec.placement.scope", "Unsupported value",
                  id="scope"),
+    pytest.param({"placement": {"scope": "MultiClique"}}, "spec", cdapi.MULTI_NEEDS_CLIQUES_MESSAGE,
+                 id="multi-without-cliques"),
+    pytest.param({"placement": {"cliques": 2}}, "spec", cdapi.MULTI_NEEDS_CLIQUES_MESSAGE, id="cliques-single"),
+    pytest.param({"numNodes": 19}, "spec", "is more nodes than one NVL72 clique has (18)",
+                 id="numNodes-19"),
+    pytest.param({"numNodes": 72, "placement": {"scope": "MultiClique", "cliques": 5}}, "spec",
+                 "must split evenly over spec.placement.cliques", id="uneven"),
+    pytest.param({"numNodes": 40, "placement": {"scope": "MultiClique", "cliques": 2}}, "spec",
+                 "at most 18 nodes (one NVL72 rack) per clique", id="over-a-rack"),
+    pytest.param({"imexMode": "Dedicated", "placement": {"scope": "MultiClique", "cliques": 2}}, "spec",
+                 cdapi.MULTI_CLIQUE_SCOPED_MESSAGE, id="multi-dedicated"),
+    pytest.param({"placement": {"scope": "MultiClique", "cliques": 65}}, "spec.placement.cliques",
+                 "less than or equal to 64", id="cliques-65"),
     pytest.param({"placement": {"clique": "rack-1"}}, "spec.placement.clique", "should match", id="clique"),
     pytest.param({"channelClaim": {"name": "Bad_Name"}}, "spec.channelClaim.name", "should match", id="claim"),
     pytest.param({"channelClaim": {}}, "spec.channelClaim.name", "Required value", id="claim-no-name"),
@@ -370,7 +399,7 @@ def test_server_rejects_invalid_specs(api: Cluster, spec: dict[str, Any], field:
     assert f"{field}: " in message and fragment in message, message
     with pytest.raises(ValidationError) as exc:  # and the model agrees
         ComputeDomain.model_validate(body)
-    assert field in _error_locs(exc.value) or (field == "spec" and "channelAllocationMode" in str(exc.value))
+    assert field in _error_locs(exc.value) or (field == "spec" and fragment.split(" (")[0][:40] in str(exc.value))
 
 
 @pytest.mark.cluster
@@ -486,7 +515,7 @@ def test_table_shows_the_printer_columns(api: Cluster, names: list[str]) -> None
     resp.raise_for_status()
     table = resp.json()
     header = [c["name"] for c in table["columnDefinitions"]]
-    assert header == ["Name", "Phase", "Clique", "Channel", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
+    assert header == ["Name", "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
     row = dict(zip(header, table["rows"][0]["cells"], strict=True))
     assert row["Name"] == name and row["Phase"] == "Degraded" and row["Channel"] == 3
     assert row["Unhealthy"] == '["rack-0-node-01"]'
