@@ -15,12 +15,14 @@ from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import CELDeviceSelector, DeviceClassSpec, DeviceSelector
 from lightkube.resources.core_v1 import Event, Node, Pod
-from lightkube.resources.resource_v1 import DeviceClass
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
+from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
 from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import Controller
+from nvlfabric.controller.reconcile import ComputeDomainResource, Controller
 from nvlfabric.controller.reservations import Reserver
+from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
 from tests.controller.test_controller import provider_domain, remove_domain
@@ -120,4 +122,70 @@ def test_whole_rack_domains_get_a_rack_each_and_one_without_room_waits_saying_wh
         stop.set()
         for d in domains:
             remove_domain(client, d, claims[d], pods[d])
+        worker.join(timeout=5)
+
+
+def multi_domain(client: Client, name: str, cliques: int) -> list[str]:
+    """A MultiClique ComputeDomain and its claims as the provider makes them; the claims' names."""
+    spec = api.ComputeDomainSpec.model_validate({"placement": {"scope": "MultiClique", "cliques": cliques}})
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"),
+                                             spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    for g in range(cliques):
+        client.create(ResourceClaim.from_dict(channel_claim(name, "default", cd.metadata.uid, spec, g)))
+    return api.channel_claim_names(name, spec)
+
+
+def test_a_multi_clique_domain_gets_a_clique_per_group_all_at_once_or_none(
+        cluster: Cluster, racks: tuple[str, dict[str, str]]) -> None:
+    client: Client = cluster.client
+    run, where = racks
+    first, second = f"plc-{run}-m0", f"plc-{run}-m1"
+    claims = {first: multi_domain(client, first, 2), second: multi_domain(client, second, 2)}
+    pods = {d: [f"{d}-g{g}-{i}" for g in range(2) for i in range(NODES_PER_CLIQUE)] for d in claims}
+    reserver = Reserver(client, pools.DRIVER, channels_per_clique=4)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+
+    def node_of(pod: str) -> str | None:
+        return client.get(Pod, pod, namespace="default").spec.nodeName
+
+    try:
+        for p in pods[first]:
+            client.create(whole_rack_pod(p, claims[first][int(p.split("-g")[1][0])], run))
+        eventually("the first domain's pods to be bound", lambda: all(node_of(p) for p in pods[first]), timeout=60)
+        by_group = [{where[n] for p in pods[first] if f"-g{g}-" in p and (n := node_of(p))} for g in range(2)]
+        assert all(len(c) == 1 for c in by_group), f"a group split across cliques: {by_group}"
+        assert by_group[0] != by_group[1], "two groups of one domain in one clique"
+        ctl = Controller(client, channels_per_clique=4)
+        ctl.reconcile_domains()
+        status = client.get(ComputeDomainResource, first, namespace="default").status
+        assert status["placedCliques"] == 2 and status["phase"] == "Allocating"
+        assert [(g["claim"], g["clique"]) for g in status["groups"]] == [
+            (claims[first][g], by_group[g].pop()) for g in range(2)]
+
+        # The second domain needs two cliques; one is free: none of its pods start, it says why.
+        for p in pods[second]:
+            client.create(whole_rack_pod(p, claims[second][int(p.split("-g")[1][0])], run))
+        event = eventually("an Event naming the job's shortfall", lambda: next((
+            e for e in client.list(Event, namespace="default", fields={"involvedObject.name": claims[second][0]})
+            if e.reason == "NoCliqueRoom"), None), timeout=30)
+        assert "a job of 2 clique groups needs 2 cliques with room, 1 have it" in (event.message or "")
+        for p in pods[second]:
+            spec = client.get(Pod, p, namespace="default").spec
+            assert spec.schedulingGates and not spec.nodeName, f"{p} started without its whole job"
+        ctl.reconcile_domains()
+        status = client.get(ComputeDomainResource, second, namespace="default").status
+        assert status["phase"] == "Pending" and "0 of 2 clique groups have a channel" in str(status["conditions"])
+    finally:
+        stop.set()
+        for d, names_ in claims.items():
+            for p in pods[d]:
+                with contextlib.suppress(ApiError):
+                    client.delete(Pod, p, namespace="default", grace_period=0)
+            for c in names_:
+                with contextlib.suppress(ApiError):
+                    client.delete(ResourceClaim, c, namespace="default")
+            with contextlib.suppress(ApiError):
+                client.delete(ComputeDomainResource, d, namespace="default")
         worker.join(timeout=5)
