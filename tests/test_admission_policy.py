@@ -583,6 +583,12 @@ def test_controller_may_only_lift_the_reservation_gate_of_a_pod(env: Env) -> Non
         msg = denied(lambda: controller.patch(Pod, name, {"spec": {"nodeSelector": {"rack": "7"}}},
                                               namespace="default", patch_type=PatchType.STRATEGIC))
         assert msg.endswith("changes spec.nodeSelector other than adding nvlfabric.io/clique")
+        # A multi-clique job's pod gets its rank: that annotation may be added, no other.
+        msg = denied(lambda: controller.patch(Pod, name, {"metadata": {"annotations": {"x": "1"}}},
+                                              namespace="default", patch_type=PatchType.STRATEGIC))
+        assert msg.endswith("changes metadata.annotations other than adding nvlfabric.io/rank")
+        controller.patch(Pod, name, {"metadata": {"annotations": {"nvlfabric.io/rank": "7"}}}, namespace="default",
+                         patch_type=PatchType.STRATEGIC)
         controller.patch(Pod, name, pioneer_patch(CLIQUE), namespace="default", patch_type=PatchType.STRATEGIC)
         assert gates() == ["example.com/other"]
         assert env.admin.get(Pod, name, namespace="default").spec.nodeSelector == {"nvlfabric.io/clique": CLIQUE}

@@ -110,6 +110,12 @@ GPUS_PER_CLIQUE: Final = GPUS_PER_NODE * NODES_PER_CLIQUE
 MAX_CLIQUES_PER_DOMAIN: Final = 64
 """A multi-clique ComputeDomain spans at most this many cliques (one channel claim each): 64 racks,
 4608 GPUs, beyond any one training job we know of and well inside what the controller lists."""
+CLIQUE_GROUP_ANNOTATION: Final = "nvlfabric.io/clique-group"
+"""On a bound pod of a multi-clique ComputeDomain: the index of its clique group (its claim)."""
+RANK_ANNOTATION: Final = "nvlfabric.io/rank"
+"""On such a pod, written by the controller as it lifts the pod's gate: its rank in the whole job,
+group index x group size + the pod's index in its group (Kubernetes' env cannot add), which the
+pod's NVLFABRIC_RANK reads through the downward API."""
 CLIQUE_GROUPS_ANNOTATION: Final = "nvlfabric.io/clique-groups"
 """On each channel claim of a multi-clique ComputeDomain: how many claims (one per clique) the
 domain has, so the controller places them all at once or none."""

@@ -49,6 +49,7 @@ gated users are looked at again every few seconds (level-based, so a lost event 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -69,10 +70,12 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import errors, names
 from nvlfabric.api.names import (
+    CLIQUE_GROUP_ANNOTATION,
     CLIQUE_GROUPS_ANNOTATION,
     CLIQUE_LABEL,
     COMPUTE_DOMAIN_LABEL,
     GROUP_SIZE_ANNOTATION,
+    RANK_ANNOTATION,
     RESERVATION_GATE,
 )
 from nvlfabric.controller import health, placement
@@ -112,6 +115,7 @@ class PendingPod:
     group_size: int = 0  # GROUP_SIZE_ANNOTATION, 0 when absent
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[tuple[tuple[str, str], ...], ...] = ()
+    rank: int | None = None  # a multi-clique job's pod whose rank is not written yet: the rank to write
 
 
 @dataclass(frozen=True)
@@ -143,9 +147,26 @@ def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
         size = 0
     return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims, gated,
                       str(meta.get("creationTimestamp") or ""), gpus=placement.gpus_of(pod), group_size=max(0, size),
+                      rank=job_rank(meta),
                       node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
                       tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
                                         spec.get("tolerations") or []))
+
+
+def job_rank(meta: Mapping[str, Any]) -> int | None:
+    """The rank to write on a pod of a multi-clique job (pure): its group's index x the group size
+    + its own index in the group (an Indexed Job's completion index, a StatefulSet's pod index);
+    None when it is not such a pod or its rank is written already."""
+    annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    if RANK_ANNOTATION in annotations or CLIQUE_GROUP_ANNOTATION not in annotations:
+        return None
+    local = annotations.get(names.JOB_COMPLETION_INDEX, labels.get(names.STATEFULSET_POD_INDEX))
+    try:
+        group, size, index = (int(annotations[CLIQUE_GROUP_ANNOTATION]), int(annotations[GROUP_SIZE_ANNOTATION]),
+                              int(str(local)))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return group * size + index if group >= 0 and size > 0 and 0 <= index < size else None
 
 
 def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
@@ -219,6 +240,15 @@ def pioneer_patch(clique: str) -> dict[str, Any]:
     gain keys; the API server checks that against the pod as it was, still gated)."""
     return {"spec": {"nodeSelector": {CLIQUE_LABEL: clique},
                      "schedulingGates": [{"$patch": "delete", "name": RESERVATION_GATE}]}}
+
+
+def ungate_patch(pod: PendingPod, clique: str | None) -> dict[str, Any]:
+    """What lifting `pod`'s gate writes: the gate removed; for a pioneer, its clique; for a pod of a
+    multi-clique job, its rank (before it starts, so its downward-API env reads it)."""
+    patch = copy.deepcopy(UNGATE_PATCH if clique is None else pioneer_patch(clique))
+    if pod.rank is not None:
+        patch["metadata"] = {"annotations": {RANK_ANNOTATION: str(pod.rank)}}
+    return patch
 
 
 def group_of(key: Key, users: Sequence[PendingPod]) -> placement.Group:
@@ -542,7 +572,7 @@ class Reserver:
 
     def _ungate_one(self, release: tuple[PendingPod, str | None]) -> bool:
         pod, clique = release
-        patch = UNGATE_PATCH if clique is None else pioneer_patch(clique)
+        patch = ungate_patch(pod, clique)
         try:
             with api_call(f"lift the reservation gate of pod {pod.namespace}/{pod.name}"):
                 self.client.patch(Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
