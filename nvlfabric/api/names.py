@@ -78,6 +78,9 @@ POOL_LABEL: Final = "nvlfabric.io/pool"
 """On a ResourceSlice: the channel pool it belongs to."""
 COMPUTE_DOMAIN_LABEL: Final = "nvlfabric.io/compute-domain"
 """On a channel claim and on bound workloads: the ComputeDomain's name."""
+WORKLOAD_LABEL: Final = "nvlfabric.io/workload"
+"""On a bound workload's pods: the workload's name (with COMPUTE_DOMAIN_LABEL, its headless
+Service's selector)."""
 RESERVATION_GATE: Final = "nvlfabric.io/channel-reservation"
 """A pod scheduling gate (BoundJob adds it): the controller lifts it once the pod is in its
 channel claim's reservedFor, so the scheduler never races itself on the shared claim."""
@@ -87,6 +90,38 @@ controller places the claim's clique only once it sees that many, where all of t
 PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 PART_OF: Final = "nvlfabric"
+
+# -- a distributed launcher's environment -----------------------------------------------------------
+# BoundJob sets these in every container of a bound pod (a variable the user set is left alone), so
+# `torchrun --nnodes=$(NVLFABRIC_WORLD_SIZE) --node-rank=$(NVLFABRIC_RANK)
+# --master-addr=$(NVLFABRIC_MASTER_ADDR) --master-port=$(NVLFABRIC_MASTER_PORT)` needs no wiring.
+# Ranks count pods, not processes: a launcher that starts several processes per pod (torchrun's
+# --nproc-per-node) numbers them itself and overwrites RANK and WORLD_SIZE in its workers.
+
+RANK_ENV: Final = "NVLFABRIC_RANK"
+"""The pod's rank among the workload's pods, 0..world size - 1 (torchrun's --node-rank)."""
+WORLD_SIZE_ENV: Final = "NVLFABRIC_WORLD_SIZE"
+"""How many pods the workload runs at once (torchrun's --nnodes)."""
+MASTER_ADDR_ENV: Final = "NVLFABRIC_MASTER_ADDR"
+"""The stable DNS name of rank 0's pod (torchrun's --master-addr)."""
+MASTER_PORT_ENV: Final = "NVLFABRIC_MASTER_PORT"
+"""The port rank 0 listens on for the rendezvous (torchrun's --master-port)."""
+DEFAULT_MASTER_PORT: Final = 29500
+"""torch.distributed's own default."""
+TORCH_RANK_ENVS: Final = ("NODE_RANK", "RANK")
+"""PyTorch's names, set to the pod's rank too: `env://` initialisation with one process per pod
+reads RANK, launchers read NODE_RANK."""
+TORCH_WORLD_SIZE_ENV: Final = "WORLD_SIZE"
+TORCH_MASTER_ADDR_ENV: Final = "MASTER_ADDR"
+TORCH_MASTER_PORT_ENV: Final = "MASTER_PORT"
+JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+"""The annotation the Job controller sets on an Indexed Job's pods (JobSet's too): their index."""
+STATEFULSET_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
+"""The label the StatefulSet controller sets on its pods: their ordinal."""
+LWS_WORKER_INDEX: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+"""The label LeaderWorkerSet sets on a group's pods: 0 for the leader, 1..size-1 the workers."""
+LWS_LEADER_ADDRESS_ENV: Final = "LWS_LEADER_ADDRESS"
+"""LeaderWorkerSet puts it first in every container's env: the leader pod's DNS name."""
 
 # -- hardware and API limits ------------------------------------------------------------------------
 

@@ -8,6 +8,13 @@ is reserved on the claim (nvlfabric/controller/reservations.py). Placement insid
 affinity: the claim's allocation carries the clique's node selector (docs/architecture.md, "DRA
 design").
 
+It also adds what a distributed launcher needs (nvlfabric/api/names.py, "a distributed launcher's
+environment"): each container gets the pod's rank (the kind's own pod index, through the downward
+API), the world size, rank 0's stable DNS name and a port, as NVLFABRIC_* and PyTorch's names,
+ahead of the user's env (which may refer to them, and whose own entries of those names win). Pods
+get stable DNS names from a headless Service: BoundJob's own for a Job or a StatefulSet; JobSet
+and LeaderWorkerSet make theirs.
+
 The workload's shape (`kind`):
 - `Job` (default): an Indexed batch/v1 Job of `parallelism` pods;
 - `StatefulSet`: apps/v1, `parallelism` replicas started in parallel (all members must come up
@@ -30,12 +37,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nvlfabric.api.names import (
     COMPUTE_DOMAIN_LABEL,
+    DEFAULT_MASTER_PORT,
     DNS_LABEL,
     GPUS_PER_CLIQUE,
     GPUS_PER_NODE,
     GROUP_SIZE_ANNOTATION,
+    JOB_COMPLETION_INDEX,
+    LWS_LEADER_ADDRESS_ENV,
+    LWS_WORKER_INDEX,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
     MAX_PODS_PER_CLAIM,
+    RANK_ENV,
     RESERVATION_GATE,
+    STATEFULSET_POD_INDEX,
+    TORCH_MASTER_ADDR_ENV,
+    TORCH_MASTER_PORT_ENV,
+    TORCH_RANK_ENVS,
+    TORCH_WORLD_SIZE_ENV,
+    WORKLOAD_LABEL,
+    WORLD_SIZE_ENV,
 )
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
@@ -47,6 +68,15 @@ WorkloadKind = Literal["Job", "StatefulSet", "JobSet", "LeaderWorkerSet"]
 BATCH_KINDS: Final = ("Job", "JobSet")
 JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
 LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
+JOBSET_REPLICATED_JOB: Final = "workers"
+#: Where each kind keeps a pod's index, read into the rank through the downward API. A JobSet's
+#: one replicated Job has one replica, so its pods' completion indexes are already global ranks.
+RANK_FIELD: Final[dict[str, str]] = {
+    "Job": f"metadata.annotations['{JOB_COMPLETION_INDEX}']",
+    "JobSet": f"metadata.annotations['{JOB_COMPLETION_INDEX}']",
+    "StatefulSet": f"metadata.labels['{STATEFULSET_POD_INDEX}']",
+    "LeaderWorkerSet": f"metadata.labels['{LWS_WORKER_INDEX}']",
+}
 
 
 class BoundJobArgs(BaseModel):
@@ -78,6 +108,9 @@ class BoundJobArgs(BaseModel):
                                                      "until nvlfabric's controller has reserved the domain's channel "
                                                      "claim for it, so the pods do not race on the shared claim; "
                                                      "False leaves scheduling to kube-scheduler alone")
+    master_port: int = Field(DEFAULT_MASTER_PORT, ge=1, le=65535,
+                             description=f"the port rank 0 listens on for the launcher's rendezvous, 1..65535 "
+                                         f"({MASTER_PORT_ENV} in the pods; {DEFAULT_MASTER_PORT} is torch's default)")
 
     @field_validator("pod_template")
     @classmethod
@@ -90,6 +123,12 @@ class BoundJobArgs(BaseModel):
                 raise ValueError(f"spec.containers[{i}] needs a name and an image")
         if any(rc.get("name") == CLAIM_REF for rc in spec.get("resourceClaims") or []):
             raise ValueError(f"spec.resourceClaims already has an entry named {CLAIM_REF!r}, which BoundJob adds")
+        # Rank 0's address is a pod DNS name under the workload's headless Service: another
+        # hostname or subdomain would leave it resolving to nothing.
+        for key in ("hostname", "subdomain"):
+            if spec.get(key):
+                raise ValueError(f"spec.{key} is set by BoundJob (stable pod names under the workload's headless "
+                                 f"Service, which {MASTER_ADDR_ENV} names): leave it unset")
         return tpl
 
     @model_validator(mode="after")
@@ -133,6 +172,51 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str) -> d
     return tpl
 
 
+def master_address(args: BoundJobArgs, *, namespace: str) -> str:
+    """Rank 0's pod as a DNS name, `<hostname>.<headless Service>.<namespace>.svc` (a pod's DNS
+    search path adds the cluster domain, which the component cannot know)."""
+    if args.kind == "LeaderWorkerSet":
+        # The leader's name as LWS itself computes it: LWS puts LWS_LEADER_ADDRESS first in every
+        # container's env, so Kubernetes expands this reference in our value.
+        return f"$({LWS_LEADER_ADDRESS_ENV})"
+    if args.kind == "JobSet":  # JobSet names a pod <jobset>-<replicated job>-<job index>-<pod index>
+        return f"{args.name}-{JOBSET_REPLICATED_JOB}-0-0.{args.name}.{namespace}.svc"
+    return f"{args.name}-0.{args.name}.{namespace}.svc"  # an Indexed Job's <job>-<index>, a StatefulSet's <name>-<n>
+
+
+def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
+    """What a distributed launcher reads (nvlfabric/api/names.py): the pod's rank from the kind's
+    own pod index (downward API), the world size, rank 0's address and port."""
+    world, port, master = str(args.parallelism), str(args.master_port), master_address(args, namespace=namespace)
+
+    def rank(name: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": RANK_FIELD[args.kind]}}}
+
+    return [rank(RANK_ENV), {"name": WORLD_SIZE_ENV, "value": world},
+            {"name": MASTER_ADDR_ENV, "value": master}, {"name": MASTER_PORT_ENV, "value": port},
+            *(rank(name) for name in TORCH_RANK_ENVS), {"name": TORCH_WORLD_SIZE_ENV, "value": world},
+            {"name": TORCH_MASTER_ADDR_ENV, "value": master}, {"name": TORCH_MASTER_PORT_ENV, "value": port}]
+
+
+def _add_launcher_env(tpl: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    """Put `env` ahead of each container's own, so the user's entries can refer to ours (`$(VAR)`
+    expands only earlier entries); a name the user set is theirs and stays out of ours. Init
+    containers too: a sidecar or a wait for rank 0 reads the same."""
+    spec = tpl["spec"]
+    for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        own = {e.get("name") for e in c.get("env") or []}
+        c["env"] = [*(copy.deepcopy(e) for e in env if e["name"] not in own), *(c.get("env") or [])]
+
+
+def _headless_service(args: BoundJobArgs, *, namespace: str, labels: dict[str, str],
+                      selector: dict[str, str]) -> dict[str, Any]:
+    """The Service that gives each pod its DNS name; not-ready pods are published too, since
+    rank 0 must be found while the others are still starting."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": args.name, "namespace": namespace,
+                                                                 "labels": labels},
+            "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True}}
+
+
 def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
     return {"parallelism": args.parallelism, "completions": args.completions or args.parallelism,
             "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
@@ -147,29 +231,36 @@ def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, d
     annotations = {"pulumi.com/deletionPropagationPolicy": "foreground"}
     meta = {"name": args.name, "namespace": namespace, "annotations": annotations, "labels": labels}
     n = args.parallelism
+    selector = {COMPUTE_DOMAIN_LABEL: domain, WORKLOAD_LABEL: args.name}
+    tpl["metadata"]["labels"].update(selector)
+    _add_launcher_env(tpl, launcher_env(args, namespace=namespace))
     if args.kind == "Job":
         tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = args.name
+        # An Indexed Job's pods are named <job>-<index> as hosts; under the subdomain of a headless
+        # Service of that name, rank 0 is <job>-0.<job>.<namespace>.svc.
+        tpl["spec"]["subdomain"] = args.name
         # Not waiting is a `waitFor` the created Job already meets (`skipAwait` would skip the
         # delete await too); waiting is pulumi-kubernetes' own Job await: until it completes.
         if not args.wait:
             annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
-        return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": _job_spec(args, tpl)}]
+        return [_headless_service(args, namespace=namespace, labels=labels, selector=selector),
+                {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": _job_spec(args, tpl)}]
     if args.kind == "StatefulSet":
-        selector = {COMPUTE_DOMAIN_LABEL: domain, "nvlfabric.io/workload": args.name}
-        tpl["metadata"]["labels"].update(selector)
         if not args.wait:  # waiting is pulumi-kubernetes' StatefulSet await: every replica ready
             annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
-        service = {"apiVersion": "v1", "kind": "Service",
-                   "metadata": {"name": args.name, "namespace": namespace, "labels": labels},
-                   "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True}}
+        service = _headless_service(args, namespace=namespace, labels=labels, selector=selector)
         return [service, {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": {
             "replicas": n, "serviceName": args.name, "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector}, "template": tpl}}]
     if args.kind == "JobSet":
         annotations["pulumi.com/waitFor"] = \
             "jsonpath={.status.replicatedJobsStatus[0].ready}=1" if args.wait else "jsonpath={.metadata.uid}"
+        # JobSet makes the headless Service itself; spelled out, so that master_address() does not
+        # depend on JobSet's defaults (subdomain = the JobSet's name, DNS hostnames on).
+        network = {"enableDNSHostnames": True, "subdomain": args.name, "publishNotReadyAddresses": True}
         return [{"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": {
-            "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": _job_spec(args, tpl)}}]}}]
+            "network": network, "replicatedJobs": [{"name": JOBSET_REPLICATED_JOB, "replicas": 1,
+                                                    "template": {"spec": _job_spec(args, tpl)}}]}}]
     annotations["pulumi.com/waitFor"] = "condition=Available" if args.wait else "jsonpath={.metadata.uid}"
     return [{"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta, "spec": {
         "replicas": 1, "startupPolicy": "LeaderCreated",
@@ -195,11 +286,12 @@ class BoundJob(pulumi.ComponentResource):
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
                  wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 master_port: int = DEFAULT_MASTER_PORT, opts: pulumi.ResourceOptions | None = None) -> None:
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
-            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate})
+            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
+            "master_port": master_port})
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
@@ -213,7 +305,7 @@ class BoundJob(pulumi.ComponentResource):
         extra: Any = opts.depends_on if opts is not None else None
         waits: list[Any] = [compute_domain, *([extra] if isinstance(extra, pulumi.Resource) else (extra or []))]
         child = pulumi.ResourceOptions(parent=self, depends_on=waits)
-        for m in objs[:-1]:  # the StatefulSet's headless Service
+        for m in objs[:-1]:  # the Job's or the StatefulSet's headless Service
             k8s.core.v1.Service(f"{resource_name}-svc", metadata=m["metadata"], spec=m["spec"], opts=child)
         m = objs[-1]
         self.job: pulumi.CustomResource

@@ -176,6 +176,105 @@ def test_the_reservation_gate_keeps_the_users_gates_and_can_be_left_out() -> Non
                                                        domain="cd")[-1]["spec"]["template"]["spec"]
 
 
+# -- what a distributed launcher needs, without hand wiring (pure) ------------------------------
+
+LAUNCHER_VARS = ["NVLFABRIC_RANK", "NVLFABRIC_WORLD_SIZE", "NVLFABRIC_MASTER_ADDR", "NVLFABRIC_MASTER_PORT",
+                 "NODE_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+TORCHRUN = ("torchrun --nnodes=$(NVLFABRIC_WORLD_SIZE) --node-rank=$(NVLFABRIC_RANK) "
+            "--master-addr=$(NVLFABRIC_MASTER_ADDR) --master-port=$(NVLFABRIC_MASTER_PORT)")
+
+
+def _pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]
+    if obj["kind"] == "JobSet":
+        return spec["replicatedJobs"][0]["template"]["spec"]["template"]  # type: ignore[no-any-return]
+    if obj["kind"] == "LeaderWorkerSet":
+        return spec["leaderWorkerTemplate"]["workerTemplate"]  # type: ignore[no-any-return]
+    return spec["template"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("kind", "rank_from", "master"), [
+    ("Job", "metadata.annotations['batch.kubernetes.io/job-completion-index']", "train-0.train.ml.svc"),
+    ("StatefulSet", "metadata.labels['apps.kubernetes.io/pod-index']", "train-0.train.ml.svc"),
+    ("JobSet", "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+     "train-workers-0-0.train.ml.svc"),
+    ("LeaderWorkerSet", "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']", "$(LWS_LEADER_ADDRESS)"),
+])
+def test_every_container_gets_its_rank_the_world_size_and_rank_0s_address(kind: str, rank_from: str,
+                                                                          master: str) -> None:
+    tpl = {"spec": {"initContainers": [{"name": "wait", "image": "i"}],
+                    "containers": [{"name": "a", "image": "i", "command": ["sh", "-c", TORCHRUN]},
+                                   {"name": "b", "image": "i"}]}}
+    args = BoundJobArgs(name="train", kind=kind, pod_template=tpl, parallelism=16,  # type: ignore[arg-type]
+                        gpus_per_pod=4, master_port=23456)
+    objs = workload_manifests(args, namespace="ml", claim_name="cd-channel", domain="cd")
+    pod = _pod_template(objs[-1])["spec"]
+    rank = {"valueFrom": {"fieldRef": {"fieldPath": rank_from}}}
+    for c in [*pod["initContainers"], *pod["containers"]]:
+        env = {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in c["env"]}
+        assert [e["name"] for e in c["env"]] == LAUNCHER_VARS, c["name"]
+        assert env["NVLFABRIC_RANK"] == env["NODE_RANK"] == env["RANK"] == rank
+        assert env["NVLFABRIC_WORLD_SIZE"] == env["WORLD_SIZE"] == {"value": "16"}
+        assert env["NVLFABRIC_MASTER_ADDR"] == env["MASTER_ADDR"] == {"value": master}
+        assert env["NVLFABRIC_MASTER_PORT"] == env["MASTER_PORT"] == {"value": "23456"}
+    assert pod["containers"][0]["command"] == ["sh", "-c", TORCHRUN]  # the user's line, expanded by the kubelet
+    assert tpl["spec"]["containers"][0].get("env") is None  # the user's template is not modified
+
+
+def test_the_pods_get_stable_dns_names_under_a_headless_service() -> None:
+    """rank 0's address resolves: a headless Service (publishing not-ready pods, so rank 0 is found
+    while the others start) whose name is the pods' subdomain; its selector picks exactly the
+    workload's pods."""
+    for kind in ("Job", "StatefulSet"):
+        args = BoundJobArgs(name="train", kind=kind, pod_template=TEMPLATE, parallelism=4)  # type: ignore[arg-type]
+        svc, main = workload_manifests(args, namespace="ml", claim_name="c", domain="cd")
+        assert svc["kind"] == "Service" and svc["metadata"] == {
+            "name": "train", "namespace": "ml", "labels": main["metadata"]["labels"]}
+        assert svc["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
+                               "selector": {"nvlfabric.io/compute-domain": "cd", "nvlfabric.io/workload": "train"}}
+        pod = main["spec"]["template"]
+        assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        if kind == "Job":  # Indexed Job pods are hosts <job>-<index>; the subdomain puts them under the Service
+            assert pod["spec"]["subdomain"] == "train"
+        else:  # a StatefulSet's pods take the Service from serviceName
+            assert main["spec"]["serviceName"] == "train" and "subdomain" not in pod["spec"]
+    js = workload_manifests(BoundJobArgs(name="train", kind="JobSet", pod_template=TEMPLATE),
+                            namespace="ml", claim_name="c", domain="cd")
+    assert [o["kind"] for o in js] == ["JobSet"]  # JobSet makes its headless Service itself
+    assert js[0]["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "train",
+                                        "publishNotReadyAddresses": True}
+    assert js[0]["spec"]["replicatedJobs"][0]["name"] == "workers"  # the name rank 0's address is built from
+
+
+def test_a_variable_the_user_set_wins_and_may_refer_to_the_injected_ones() -> None:
+    tpl = {"spec": {"containers": [{"name": "a", "image": "i", "env": [
+        {"name": "MASTER_PORT", "value": "1234"},
+        {"name": "NVLFABRIC_RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['my/rank']"}}},
+        {"name": "PEER", "value": "$(NVLFABRIC_MASTER_ADDR):$(NVLFABRIC_MASTER_PORT)"}]}]}}
+    args = BoundJobArgs(name="train", pod_template=tpl, parallelism=2)
+    env = job_manifest(args, namespace="ml", claim_name="c", domain="cd")["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert names.count("MASTER_PORT") == names.count("NVLFABRIC_RANK") == 1  # the user's, not a second one
+    assert env[-3:] == tpl["spec"]["containers"][0]["env"]  # theirs, unchanged, after ours
+    # ours come first: `$(VAR)` expands only entries defined before it
+    assert names.index("NVLFABRIC_MASTER_ADDR") < names.index("PEER")
+    assert {"name": "NVLFABRIC_MASTER_PORT", "value": "29500"} in env  # torch's default port
+
+
+@pytest.mark.parametrize(("kwargs", "field", "words"), [
+    ({"master_port": 0}, "master_port", "greater than or equal to 1"),
+    ({"master_port": 70000}, "master_port", "1..65535"),
+    ({"pod_template": {"spec": {"subdomain": "mine", "containers": [{"name": "w", "image": "i"}]}}},
+     "pod_template", "spec.subdomain is set by BoundJob"),
+    ({"pod_template": {"spec": {"hostname": "h", "containers": [{"name": "w", "image": "i"}]}}},
+     "pod_template", "spec.hostname is set by BoundJob"),
+])
+def test_launcher_arguments_are_checked_naming_the_field(kwargs: dict[str, Any], field: str, words: str) -> None:
+    msg = _error(BoundJob, compute_domain=None, **({"name": "job", "pod_template": TEMPLATE} | kwargs))
+    assert f"  {field}:" in msg and words in msg, msg
+
+
 def test_driver_objects_apply_the_settings_and_label_everything() -> None:
     args = NvlfabricDriverArgs(image="registry.example/nvl:1.2", kubelet_root="/data/kubelet",
                                driver_root="/", channels_per_clique=256)
