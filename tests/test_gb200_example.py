@@ -35,3 +35,6 @@ def test_the_gb200_example_previews_with_its_documented_config(cluster: Cluster,
     assert "rack rack-a1: the nodes do not form the declared NVLink clique: gb200-a1-01: no such Node" in out, \
         out[-3000:]
     assert 'nvidia.com/gpu: "4"' in out  # real GPU limits, unlike the simulator's stacks
+    # the launcher line's variables, rank 0 named under the Job's headless Service
+    assert "pretrain-0.pretrain.ml.svc" in out, out[-3000:]
+    assert "--node-rank=$(NVLFABRIC_RANK)" in out

@@ -40,7 +40,7 @@ for w in config.require_object("workloads"):
                    for r in config.require_object("racks") for t in r.get("taints") or []]
     workloads[w["name"]] = BoundJob(
         w["name"], compute_domain=domains[w["domain"]], kind=w.get("kind", "Job"), parallelism=w["pods"],
-        gpus_per_pod=w.get("gpusPerPod", 4), wait=w.get("wait", False),
+        gpus_per_pod=w.get("gpusPerPod", 4), wait=w.get("wait", False), master_port=w.get("masterPort", 29500),
         pod_template={"spec": {"containers": [container],
                                "tolerations": [dict(t) for t in {tuple(sorted(t.items())) for t in tolerations}]}})
 
