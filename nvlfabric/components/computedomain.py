@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
-from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name
+from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names
 from nvlfabric.api.names import DNS_LABEL, MAX_PODS_PER_CLAIM
 from nvlfabric.components import served
 from nvlfabric.components._args import ComponentArgsError, labels, validate
@@ -66,6 +66,8 @@ class ComputeDomain(pulumi.ComponentResource):
         # unknown while the domain itself changes: workloads use this, so a change of the domain
         # does not show them as changing too.
         self.claim: str = channel_claim_name(a.name, a.spec)
+        self.claims: list[str] = channel_claim_names(a.name, a.spec)
+        """Every channel claim, one per clique group (a single-clique domain: [claim])."""
         self.bound_pods = 0
         # In the component provider the plugin serves the object itself (nvlfabric.components.served).
         resource_class = served.ComputeDomain if served.serving() else ComputeDomainResource
@@ -86,7 +88,7 @@ class ComputeDomain(pulumi.ComponentResource):
                                "total_nodes": self.total_nodes})
 
     def bind(self, workload: str, pods: int) -> None:
-        """Record `pods` more pods of `workload` using this domain's claim; refuse past 256, and
+        """Record `pods` more pods of `workload` using each of this domain's claims; refuse past 256, and
         refuse a domain that awaits Ready (it would wait for pods that are created after it)."""
         if self.args.await_for is AwaitFor.READY:
             raise ComponentArgsError(

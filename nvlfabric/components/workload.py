@@ -24,6 +24,14 @@ The workload's shape (`kind`):
   from the same template.
 JobSet and LeaderWorkerSet need their controllers in the cluster (they are not part of
 Kubernetes, nor of the simulator); the component creates the object with the binding inside.
+
+Over a MultiClique ComputeDomain (`placement.cliques: K`) the job is K groups of parallelism / K
+pods, group g's pods using the domain's claim g: K Indexed Jobs or StatefulSets `<name>-<g>`, or
+one JobSet with K replicated Jobs `workers-<g>` (a LeaderWorkerSet's groups share one template,
+so it cannot), one headless Service `<name>` over all of them. The controller places the groups
+all at once, each in a clique of its own, and writes each pod's rank in the whole job
+(`nvlfabric.io/rank`, from the group and the pod's index) as it lifts the pod's gate, which
+NVLFABRIC_RANK reads; so such a job needs the reservation gate.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nvlfabric.api.names import (
+    CLIQUE_GROUP_ANNOTATION,
     COMPUTE_DOMAIN_LABEL,
     DEFAULT_MASTER_PORT,
     DNS_LABEL,
@@ -48,6 +57,7 @@ from nvlfabric.api.names import (
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MAX_PODS_PER_CLAIM,
+    RANK_ANNOTATION,
     RANK_ENV,
     RESERVATION_GATE,
     STATEFULSET_POD_INDEX,
@@ -111,6 +121,13 @@ class BoundJobArgs(BaseModel):
     master_port: int = Field(DEFAULT_MASTER_PORT, ge=1, le=65535,
                              description=f"the port rank 0 listens on for the launcher's rendezvous, 1..65535 "
                                          f"({MASTER_PORT_ENV} in the pods; {DEFAULT_MASTER_PORT} is torch's default)")
+    clique_groups: int = Field(1, ge=1, description="how many clique groups the ComputeDomain has (from its "
+                                                    "placement.cliques; not an argument)")
+
+    @property
+    def group_size(self) -> int:
+        """Pods per clique group (all of them over a single-clique domain)."""
+        return self.parallelism // self.clique_groups
 
     @field_validator("pod_template")
     @classmethod
@@ -142,19 +159,33 @@ class BoundJobArgs(BaseModel):
             raise ValueError(f"completions applies to Job and JobSet, not {self.kind}: leave it unset")
         if self.completions is not None and self.completions < self.parallelism:
             raise ValueError(f"completions ({self.completions}) must be >= parallelism ({self.parallelism})")
-        if self.gpu_resource and self.parallelism * self.gpus_per_pod > GPUS_PER_CLIQUE:
+        k = self.clique_groups
+        if k > 1 and self.parallelism % k:
+            raise ValueError(f"parallelism {self.parallelism} does not split evenly over the ComputeDomain's {k} "
+                             f"clique groups (placement.cliques): use a multiple of {k}")
+        if k > 1 and self.kind == "LeaderWorkerSet":
+            raise ValueError("a LeaderWorkerSet's groups share one pod template, so they cannot each use their own "
+                             "clique's channel claim: use kind Job, StatefulSet or JobSet over a MultiClique domain")
+        if k > 1 and not self.reservation_gate:
+            raise ValueError("reservation_gate=False over a MultiClique domain: the controller places its groups "
+                             "and writes each pod's rank while the pods are gated; leave reservation_gate on")
+        if self.gpu_resource and self.group_size * self.gpus_per_pod > GPUS_PER_CLIQUE:
+            group = "parallelism x gpus_per_pod" if k == 1 else f"parallelism / {k} clique groups x gpus_per_pod"
             raise ValueError(
-                f"parallelism x gpus_per_pod = {self.parallelism * self.gpus_per_pod} GPUs, more than one NVL72 "
-                f"clique has ({GPUS_PER_CLIQUE}); a ComputeDomain lives in one clique: use fewer pods or GPUs per pod")
+                f"{group} = {self.group_size * self.gpus_per_pod} GPUs, more than one NVL72 clique has "
+                f"({GPUS_PER_CLIQUE}); a ComputeDomain's group lives in one clique: use fewer pods or GPUs per pod, "
+                "or a MultiClique ComputeDomain (placement: {scope: MultiClique, cliques: N}) with more cliques")
         return self
 
 
-def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str) -> dict[str, Any]:
-    """The user's pod template with the domain's claim and the GPUs added (pure)."""
+def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, group: int | None = None) -> dict[str, Any]:
+    """The user's pod template with the domain's claim and the GPUs added (pure); `group`: the
+    clique group of a MultiClique domain these pods form."""
     tpl = copy.deepcopy(args.pod_template)
     meta = tpl.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
-    meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.parallelism)}
+    meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.group_size),
+                           **({CLIQUE_GROUP_ANNOTATION: str(group)} if group is not None else {})}
     spec = tpl["spec"]
     spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")
     spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),
@@ -179,9 +210,11 @@ def master_address(args: BoundJobArgs, *, namespace: str) -> str:
         # The leader's name as LWS itself computes it: LWS puts LWS_LEADER_ADDRESS first in every
         # container's env, so Kubernetes expands this reference in our value.
         return f"$({LWS_LEADER_ADDRESS_ENV})"
+    multi = args.clique_groups > 1  # group 0's workload is <name>-0 (JobSet: replicated Job workers-0)
     if args.kind == "JobSet":  # JobSet names a pod <jobset>-<replicated job>-<job index>-<pod index>
-        return f"{args.name}-{JOBSET_REPLICATED_JOB}-0-0.{args.name}.{namespace}.svc"
-    return f"{args.name}-0.{args.name}.{namespace}.svc"  # an Indexed Job's <job>-<index>, a StatefulSet's <name>-<n>
+        return f"{args.name}-{JOBSET_REPLICATED_JOB}{'-0' if multi else ''}-0-0.{args.name}.{namespace}.svc"
+    # An Indexed Job's pod is host <job>-<index>, a StatefulSet's <name>-<n>.
+    return f"{args.name}{'-0' if multi else ''}-0.{args.name}.{namespace}.svc"
 
 
 def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
@@ -189,8 +222,11 @@ def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
     own pod index (downward API), the world size, rank 0's address and port."""
     world, port, master = str(args.parallelism), str(args.master_port), master_address(args, namespace=namespace)
 
+    # Over clique groups the rank is the controller's (group x group size + index): env cannot add.
+    field = f"metadata.annotations['{RANK_ANNOTATION}']" if args.clique_groups > 1 else RANK_FIELD[args.kind]
+
     def rank(name: str) -> dict[str, Any]:
-        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": RANK_FIELD[args.kind]}}}
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
     return [rank(RANK_ENV), {"name": WORLD_SIZE_ENV, "value": world},
             {"name": MASTER_ADDR_ENV, "value": master}, {"name": MASTER_PORT_ENV, "value": port},
@@ -218,12 +254,18 @@ def _headless_service(args: BoundJobArgs, *, namespace: str, labels: dict[str, s
 
 
 def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
-    return {"parallelism": args.parallelism, "completions": args.completions or args.parallelism,
+    n, k = args.group_size, args.clique_groups
+    return {"parallelism": n, "completions": (args.completions or args.parallelism) // k,
             "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
 
 
-def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str) -> list[dict[str, Any]]:
-    """The objects of the workload (dicts in the API's shape), the workload itself last (pure)."""
+def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str,
+                       claims: list[str] | None = None) -> list[dict[str, Any]]:
+    """The objects of the workload (dicts in the API's shape), the workloads themselves last (pure).
+    `claims`: a MultiClique domain's claims, one per clique group (then one workload per group,
+    or one JobSet with a replicated Job per group)."""
+    if args.clique_groups > 1:
+        return _group_manifests(args, namespace=namespace, claims=claims or [], domain=domain)
     tpl = bound_pod_template(args, claim_name=claim_name, domain=domain)
     labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
     # Deleting waits (foreground) until the workload's pods are gone, so the ComputeDomain, deleted
@@ -267,6 +309,56 @@ def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, d
         "leaderWorkerTemplate": {"size": n, "workerTemplate": tpl}}}]
 
 
+def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], domain: str) -> list[dict[str, Any]]:
+    """A MultiClique domain's job: the headless Service over every group, then per group its
+    workload (a JobSet: one, with a replicated Job per group)."""
+    if len(claims) != args.clique_groups:
+        raise ValueError(f"{args.clique_groups} clique groups need as many claims, got {claims}")
+    labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
+    selector = {COMPUTE_DOMAIN_LABEL: domain, WORKLOAD_LABEL: args.name}
+    env = launcher_env(args, namespace=namespace)
+    templates = []
+    for g, claim in enumerate(claims):
+        tpl = bound_pod_template(args, claim_name=claim, domain=domain, group=g)
+        tpl["metadata"]["labels"].update(selector)
+        tpl["spec"]["subdomain"] = args.name  # hosts <name>-<g>-<i> under the one Service
+        _add_launcher_env(tpl, env)
+        templates.append(tpl)
+
+    def meta(name: str, wait: str) -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": labels, "annotations": {
+            "pulumi.com/deletionPropagationPolicy": "foreground", "pulumi.com/waitFor": wait}}
+
+    if args.kind == "JobSet":
+        network = {"enableDNSHostnames": True, "subdomain": args.name, "publishNotReadyAddresses": True}
+        wait = "jsonpath={.metadata.uid}"
+        if args.wait:
+            wait = f"jsonpath={{.status.replicatedJobsStatus[{len(claims) - 1}].ready}}=1"
+        return [{"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta(args.name, wait), "spec": {
+            "network": network, "replicatedJobs": [
+                {"name": f"{JOBSET_REPLICATED_JOB}-{g}", "replicas": 1, "template": {"spec": _job_spec(args, tpl)}}
+                for g, tpl in enumerate(templates)]}}]
+    out = [_headless_service(args, namespace=namespace, labels=labels, selector=selector)]
+    for g, tpl in enumerate(templates):
+        name = f"{args.name}-{g}"
+        if args.kind == "Job":
+            tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = name
+            out.append({"apiVersion": "batch/v1", "kind": "Job",
+                        "metadata": meta(name, "" if args.wait else "jsonpath={.metadata.uid}"),
+                        "spec": _job_spec(args, tpl)})
+        else:
+            tpl["metadata"]["labels"]["nvlfabric.io/clique-group"] = str(g)
+            out.append({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "metadata": meta(name, "" if args.wait else "jsonpath={.metadata.uid}"), "spec": {
+                            "replicas": args.group_size, "serviceName": args.name, "podManagementPolicy": "Parallel",
+                            "selector": {"matchLabels": {**selector, "nvlfabric.io/clique-group": str(g)}},
+                            "template": tpl}})
+    for m in out[1:]:
+        if not m["metadata"]["annotations"]["pulumi.com/waitFor"]:
+            del m["metadata"]["annotations"]["pulumi.com/waitFor"]
+    return out
+
+
 def job_manifest(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str) -> dict[str, Any]:
     """The workload object itself (for `kind: Job`, the Job)."""
     return workload_manifests(args, namespace=namespace, claim_name=claim_name, domain=domain)[-1]
@@ -287,35 +379,43 @@ class BoundJob(pulumi.ComponentResource):
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
                  wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
                  master_port: int = DEFAULT_MASTER_PORT, opts: pulumi.ResourceOptions | None = None) -> None:
-        self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
-            "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
-            "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
-            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
-            "master_port": master_port})
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
                 f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
-        compute_domain.bind(self.args.name, self.args.parallelism)
+        self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
+            "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
+            "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
+            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
+            "master_port": master_port, "clique_groups": len(compute_domain.claims)})
+        compute_domain.bind(self.args.name, self.args.group_size)
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
         objs = workload_manifests(self.args, namespace=compute_domain.namespace,
-                                  claim_name=compute_domain.claim, domain=compute_domain.name)
+                                  claim_name=compute_domain.claim, domain=compute_domain.name,
+                                  claims=compute_domain.claims)
         # The workload waits for its domain, and for what the component was told to wait for (a
         # JobSet's CRD, say): a component's own depends_on does not hold back its children.
         extra: Any = opts.depends_on if opts is not None else None
         waits: list[Any] = [compute_domain, *([extra] if isinstance(extra, pulumi.Resource) else (extra or []))]
         child = pulumi.ResourceOptions(parent=self, depends_on=waits)
-        for m in objs[:-1]:  # the Job's or the StatefulSet's headless Service
+        services = [m for m in objs if m["kind"] == "Service"]
+        for m in services:  # the Job's or the StatefulSet's headless Service
             k8s.core.v1.Service(f"{resource_name}-svc", metadata=m["metadata"], spec=m["spec"], opts=child)
-        m = objs[-1]
-        self.job: pulumi.CustomResource
-        if m["kind"] == "Job":
-            self.job = k8s.batch.v1.Job(resource_name, metadata=m["metadata"], spec=m["spec"], opts=child)
-        elif m["kind"] == "StatefulSet":
-            self.job = k8s.apps.v1.StatefulSet(resource_name, metadata=m["metadata"], spec=m["spec"], opts=child)
-        else:
-            self.job = k8s.apiextensions.CustomResource(resource_name, api_version=m["apiVersion"], kind=m["kind"],
-                                                        metadata=m["metadata"], spec=m["spec"], opts=child)
+        workloads = [m for m in objs if m["kind"] != "Service"]
+        self.jobs: list[pulumi.CustomResource] = []
+        for i, m in enumerate(workloads):
+            # One workload keeps the component's own name (and state); a MultiClique domain's
+            # further groups are <resource>-<g>.
+            rname = resource_name if i == 0 else f"{resource_name}-{i}"
+            if m["kind"] == "Job":
+                self.jobs.append(k8s.batch.v1.Job(rname, metadata=m["metadata"], spec=m["spec"], opts=child))
+            elif m["kind"] == "StatefulSet":
+                self.jobs.append(k8s.apps.v1.StatefulSet(rname, metadata=m["metadata"], spec=m["spec"], opts=child))
+            else:
+                self.jobs.append(k8s.apiextensions.CustomResource(
+                    rname, api_version=m["apiVersion"], kind=m["kind"], metadata=m["metadata"], spec=m["spec"],
+                    opts=child))
+        self.job = self.jobs[0]
         given = self.args.name
         self.job_name = self.job.id.apply(lambda _: given)  # known once the workload exists
         self.kind = pulumi.Output.from_input(self.args.kind)

@@ -476,3 +476,56 @@ def test_the_driver_passes_the_allowed_imex_modes_to_the_agents() -> None:
     assert {"name": "IMEX_MODES", "value": "CliqueScoped,Dedicated"} in \
         default["spec"]["template"]["spec"]["containers"][0]["env"]
     assert "each IMEX mode at most once" in _error(NvlfabricDriver, imex_modes=["Dedicated", "Dedicated"])
+
+
+# -- one job over several cliques -----------------------------------------------------------------
+
+MULTI = {"numNodes": 72, "placement": {"scope": "MultiClique", "cliques": 4}}
+
+
+def test_a_job_over_a_multi_clique_domain_is_a_group_per_clique_with_one_rank_order() -> None:
+    args = BoundJobArgs(name="train", parallelism=72, gpus_per_pod=4, clique_groups=4, pod_template=TEMPLATE)
+    claims = [f"big-channel-{g}" for g in range(4)]
+    svc, *jobs = workload_manifests(args, namespace="ml", claim_name=claims[0], domain="big", claims=claims)
+    assert svc["kind"] == "Service" and [j["metadata"]["name"] for j in jobs] == [f"train-{g}" for g in range(4)]
+    for g, job in enumerate(jobs):
+        tpl = job["spec"]["template"]
+        assert job["spec"]["parallelism"] == job["spec"]["completions"] == 18
+        assert tpl["spec"]["resourceClaims"] == [{"name": "channel", "resourceClaimName": f"big-channel-{g}"}]
+        assert tpl["metadata"]["annotations"] == {"nvlfabric.io/group-size": "18", "nvlfabric.io/clique-group": str(g)}
+        assert tpl["spec"]["subdomain"] == "train" and svc["spec"]["selector"].items() <= tpl["metadata"][
+            "labels"].items()
+        env = {e["name"]: e for e in tpl["spec"]["containers"][0]["env"]}
+        rank_field = env["NVLFABRIC_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert rank_field == "metadata.annotations['nvlfabric.io/rank']"
+        assert env["NVLFABRIC_WORLD_SIZE"]["value"] == "72"
+        assert env["NVLFABRIC_MASTER_ADDR"]["value"] == "train-0-0.train.ml.svc"
+    (jobset,) = workload_manifests(args.model_copy(update={"kind": "JobSet"}), namespace="ml", claim_name=claims[0],
+                                   domain="big", claims=claims)
+    assert [r["name"] for r in jobset["spec"]["replicatedJobs"]] == [f"workers-{g}" for g in range(4)]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"parallelism": 70}, "parallelism 70 does not split evenly over the ComputeDomain's 4 clique groups"),
+    ({"kind": "LeaderWorkerSet"}, "a LeaderWorkerSet's groups share one pod template"),
+    ({"reservation_gate": False}, "reservation_gate=False over a MultiClique domain"),
+])
+def test_a_job_that_cannot_be_split_over_the_cliques_is_refused_naming_why(kwargs: dict[str, Any], words: str) -> None:
+    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    cd = ComputeDomain("big", spec=MULTI)
+    args = {"parallelism": 72, "gpus_per_pod": 4, "pod_template": TEMPLATE} | kwargs
+    msg = _error(BoundJob, compute_domain=cd, **args)
+    assert words in msg, msg
+
+
+def test_a_single_clique_domain_of_19_nodes_fails_at_preview_naming_the_fix() -> None:
+    msg = _error(ComputeDomain, spec={"numNodes": 19})
+    assert "spec.numNodes (19) is more nodes than one NVL72 clique has (18)" in msg
+    assert "placement: {scope: MultiClique, cliques: N}" in msg
+
+
+def test_76_gpus_over_a_multi_clique_domain_fit_where_one_clique_would_not() -> None:
+    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    cd = ComputeDomain("big2", spec={"placement": {"scope": "MultiClique", "cliques": 2}})
+    job = BoundJob("j", compute_domain=cd, pod_template=TEMPLATE, parallelism=38, gpus_per_pod=2)
+    assert job.args.group_size == 19 and len(job.jobs) == 2
