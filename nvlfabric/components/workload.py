@@ -379,15 +379,16 @@ class BoundJob(pulumi.ComponentResource):
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
                  wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
                  master_port: int = DEFAULT_MASTER_PORT, opts: pulumi.ResourceOptions | None = None) -> None:
-        if not isinstance(compute_domain, ComputeDomain):
-            raise ComponentArgsError(
-                f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
-                f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
+        groups = len(compute_domain.claims) if isinstance(compute_domain, ComputeDomain) else 1
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
-            "master_port": master_port, "clique_groups": len(compute_domain.claims)})
+            "master_port": master_port, "clique_groups": groups})
+        if not isinstance(compute_domain, ComputeDomain):
+            raise ComponentArgsError(
+                f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
+                f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
         compute_domain.bind(self.args.name, self.args.group_size)
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
         objs = workload_manifests(self.args, namespace=compute_domain.namespace,
