@@ -20,7 +20,14 @@ DaemonSet, controller; bench/fixtures/e2e) installed by a first `pulumi up` befo
   clique (one rack) by design (docs/architecture.md, "DRA design"), so this is four ComputeDomains,
   one per rack (numNodes 16: 64 one-GPU pods need at least 16 trays), each with a BoundJob of 64
   pods pinned to its rack, all in ONE `pulumi up`. job256_running_s = from `pulumi up` until all
-  256 pods run. Goal ≤ 30 s.
+  256 pods run. Goal ≤ 30 s. (Kept for comparison with job288.)
+- job288: 4 racks of 18 nodes; 72 pods x 4 GPUs as ONE workload: one MultiClique ComputeDomain
+  (placement.cliques 4, numNodes 72) and one BoundJob, in one `pulumi up`; nvlfabric places the 4
+  groups, a rack each. job288_running_s = until every pod runs and the domain is Ready. Goal ≤ 15 s.
+- racks8 (not in the default run: 144 nodes, agents and IMEX keepers; `python bench/e2e.py
+  racks8`): 8 racks, 8 whole-rack domains of 18 pods x 4 GPUs NOT pinned to racks, in one
+  `pulumi up`. racks8_domains_running_s: until all 144 pods run and all 8 domains are Ready.
+  Goal ≤ 30 s. Both also report claims_split_across_cliques (goal 0) and cliques_used.
 
 Each scenario runs twice: with the Kubernetes components' defaults (the figures the goals are
 judged on), and again as `<scenario>_tuned_*` with a scheduler and controller manager tuned for
@@ -96,11 +103,14 @@ POLL_S = 0.5
 TIMEOUT_S = float(os.environ.get("NVLFABRIC_BENCH_E2E_TIMEOUT_S", "600"))
 RUN_TUNED = os.environ.get("NVLFABRIC_BENCH_E2E_TUNED", "1") != "0"
 GOALS = {"cd18_ready_s": 15.0, "job256_running_s": 30.0, "cd18_tuned_ready_s": 15.0,
-         "job256_tuned_running_s": 30.0}
+         "job256_tuned_running_s": 30.0, "job288_running_s": 15.0, "job288_tuned_running_s": 15.0,
+         "racks8_domains_running_s": 30.0, "racks8_tuned_domains_running_s": 30.0}
 # Racks of their own (loopback 127.10.<rack>.x, and the IMEX ports there), away from a demo's
 # (0, 1) and the tests' (90, 91, 150, 160, 200, 230-249).
 CD18_RACK = 170
 JOB256_FIRST_RACK = 180
+JOB288_FIRST_RACK = 190
+RACKS8_FIRST_RACK = 100
 TUNED: dict[str, Any] = {
     "scheduler_config": {"clientConnection": {"qps": 500, "burst": 1000},
                          "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": 1},
@@ -227,16 +237,22 @@ def scheduling_failures(client: Client) -> tuple[int, int]:
     return failed, conflicts
 
 
-def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dict[str, float]) -> dict[str, float]:
+def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dict[str, float], *,
+             gpus_per_pod: int = 1, multi_rack: bool = False, pin_racks: bool = True) -> dict[str, float]:
     """Set the workload config, run `pulumi up` and watch the cluster until every domain is Ready and
-    every pod runs. Returns the milestones (seconds after `pulumi up` started) and placement counts."""
+    every pod runs. Returns the milestones (seconds after `pulumi up` started) and placement counts.
+    `multi_rack`: one MultiClique domain (a claim and a Job per rack) instead of a domain per rack."""
     p = sim.proj
     p.run("config", "set", "racks", ",".join(sim.racks))
     p.run("config", "set", "podsPerDomain", str(pods_per_domain))
+    p.run("config", "set", "gpusPerPod", str(gpus_per_pod))
+    p.run("config", "set", "multiRack", "true" if multi_rack else "false")
+    p.run("config", "set", "pinRacks", "true" if pin_racks else "false")
     if num_nodes:
         p.run("config", "set", "numNodes", str(num_nodes))
     want_pods = pods_per_domain * len(sim.racks)
-    want_domains = len(sim.racks)
+    want_domains = 1 if multi_rack else len(sim.racks)
+    want_claims = len(sim.racks)  # a claim (and a Job) per rack either way
     log_path = p.workdir / "up.log"
     say(f"{sim.key}: pulumi up: {want_domains} ComputeDomain(s), {want_pods} one-GPU pods (the timer starts)")
     marks: dict[str, float] = {}
@@ -273,13 +289,14 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
             ready_entries = sum(1 for st in domains.values() for n in st.get("nodes") or [] if n.get("ready"))
             ready = [n for n, st in domains.items() if st.get("phase") == "Ready"]
             mark("cds_created_s", len(domains) == want_domains, now)
-            mark("jobs_created_s", len(jobs) == want_domains, now)
-            mark("claims_allocated_s", len(allocated) == want_domains, now)
+            mark("jobs_created_s", len(jobs) == want_claims, now)
+            mark("claims_allocated_s", len(allocated) == want_claims, now)
             mark("first_pod_running_s", bool(running), now)
             mark("pods_created_s", len(pods) == want_pods, now)
             mark("pods_scheduled_s", len(scheduled) == want_pods, now)
             if num_nodes:
-                mark("domain_nodes_reported_s", all(len(st.get("nodes") or []) >= num_nodes
+                per_domain = num_nodes * (len(sim.racks) if multi_rack else 1)
+                mark("domain_nodes_reported_s", all(len(st.get("nodes") or []) >= per_domain
                                                     for st in domains.values()) and len(domains) == want_domains,
                      now)
             mark("pods_running_s", len(running) == want_pods, now)
@@ -307,6 +324,16 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
     marks["max_pods_per_node"] = max(per_node.values())
     marks["domain_nodes"] = entries
     marks["failed_scheduling"], marks["reservation_conflicts"] = scheduling_failures(sim.client)
+    # Where each claim (a domain's, or a MultiClique domain's group's) landed: one clique each.
+    cliques = {(n.metadata.name if n.metadata else ""): (n.metadata.labels or {}).get(CLIQUE_LABEL)
+               for n in sim.client.list(Node) if n.metadata}
+    per_claim: dict[str, set[str | None]] = {}
+    for x in pods:
+        if x.spec and x.spec.nodeName:
+            for rc in x.spec.resourceClaims or []:
+                per_claim.setdefault(rc.resourceClaimName or "", set()).add(cliques.get(x.spec.nodeName))
+    marks["claims_split_across_cliques"] = sum(1 for c in per_claim.values() if len(c) > 1)
+    marks["cliques_used"] = len({c for cs in per_claim.values() for c in cs})
     for k, v in marks.items():
         results[f"{sim.key}_{k}"] = v
     return marks
@@ -321,6 +348,30 @@ def cd18(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
         if marks["domain_nodes"] != 18 or marks["nodes_used"] != 18 or marks["max_pods_per_node"] != 4:
             raise SystemExit(f"bench e2e: {key}: expected 18 nodes x 4 pods and 18 domain node entries, "
                              f"got {marks}")
+
+
+def job288(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """72 pods x 4 GPUs over 4 racks as ONE workload: a MultiClique domain, one BoundJob."""
+    key = "job288_tuned" if tuned else "job288"
+    with simulator(key, "job288", tmp, racks=4, first_rack=JOB288_FIRST_RACK, results=results,
+                   tuned=tuned) as sim:
+        install_driver(sim, results)
+        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True)
+        results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
+        if marks["claims_split_across_cliques"] or marks["cliques_used"] != 4 or marks["nodes_used"] != 72:
+            raise SystemExit(f"bench e2e: {key}: expected 4 groups in 4 cliques on 72 nodes, got {marks}")
+
+
+def racks8(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """8 whole-rack domains (18 pods x 4 GPUs each), not pinned to racks, in one pulumi up on 8 racks."""
+    key = "racks8_tuned" if tuned else "racks8"
+    with simulator(key, "racks8", tmp, racks=8, first_rack=RACKS8_FIRST_RACK, results=results,
+                   tuned=tuned) as sim:
+        install_driver(sim, results)
+        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, pin_racks=False)
+        results[f"{key}_domains_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
+        if marks["claims_split_across_cliques"] or marks["cliques_used"] != 8:
+            raise SystemExit(f"bench e2e: {key}: expected 8 domains in 8 cliques, got {marks}")
 
 
 def job256(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
@@ -356,8 +407,8 @@ def profile(results: dict[str, float], key: str) -> None:
 
 
 def main() -> int:
-    only = sys.argv[1:] or ["cd18", "job256"]
-    scenarios = {"cd18": cd18, "job256": job256}
+    only = sys.argv[1:] or ["cd18", "job256", "job288"]
+    scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "racks8": racks8}
     results: dict[str, float] = {}
 
     def save() -> None:
@@ -379,7 +430,7 @@ def main() -> int:
         goal = GOALS.get(k)
         verdict = "" if goal is None else f"  (goal ≤ {goal:g}: {'met' if v <= goal else 'MISSED'})"
         print(f"{k:38} {round(v, 2)}{verdict}")
-    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned"):
+    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "racks8", "racks8_tuned"):
         profile(results, key)
     return 0
 
