@@ -26,6 +26,7 @@ import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
+from nvlfabric.components import capacity
 from nvlfabric.components._args import validate
 from nvlfabric.provider import kube, racks
 
@@ -108,6 +109,7 @@ class Nvl72Rack(pulumi.ComponentResource):
         self.discovered_cliques = pulumi.Output.from_input(view.cliques if view else None)
         self.clique_mismatches = pulumi.Output.from_input(list(view.mismatches) if view else None)
         self.free_gpus = pulumi.Output.from_input(view.free_gpus if view else None)
+        capacity.declare(capacity.DeclaredRack(a.name, len(a.nodes) * GPUS_PER_NODE, view.free_gpus if view else None))
         self.register_outputs({"nodes": self.nodes, "gpus": self.gpus, "expected_clique": self.expected_clique,
                                "discovered_cliques": self.discovered_cliques,
                                "clique_mismatches": self.clique_mismatches, "free_gpus": self.free_gpus})

@@ -68,6 +68,7 @@ from nvlfabric.api.names import (
     WORKLOAD_LABEL,
     WORLD_SIZE_ENV,
 )
+from nvlfabric.components import capacity
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
 from nvlfabric.components.computedomain import ComputeDomain
@@ -391,6 +392,11 @@ class BoundJob(pulumi.ComponentResource):
                 f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
         compute_domain.bind(self.args.name, self.args.group_size)
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
+        short = capacity.shortfall(self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
+                                   gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0,
+                                   racks=capacity.declared())
+        if short:
+            pulumi.log.warn(short, resource=self)
         objs = workload_manifests(self.args, namespace=compute_domain.namespace,
                                   claim_name=compute_domain.claim, domain=compute_domain.name,
                                   claims=compute_domain.claims)

@@ -529,3 +529,17 @@ def test_76_gpus_over_a_multi_clique_domain_fit_where_one_clique_would_not() -> 
     cd = ComputeDomain("big2", spec={"placement": {"scope": "MultiClique", "cliques": 2}})
     job = BoundJob("j", compute_domain=cd, pod_template=TEMPLATE, parallelism=38, gpus_per_pod=2)
     assert job.args.group_size == 19 and len(job.jobs) == 2
+
+
+def test_preview_says_when_a_job_needs_more_racks_or_free_gpus_than_declared() -> None:
+    from nvlfabric.components.capacity import DeclaredRack, shortfall
+
+    racks = [DeclaredRack("rack-0", 72, 72), DeclaredRack("rack-1", 72, 40)]
+    assert shortfall("j", groups=2, pods_per_group=10, gpus_per_pod=4, racks=racks) is None
+    more = shortfall("j", groups=4, pods_per_group=18, gpus_per_pod=4, racks=racks)
+    assert more is not None and "needs 4 clique group(s) of 18 pods x 4 GPUs, a rack each" in more
+    assert "declares 2 Nvl72Rack(s) (rack-0, rack-1)" in more
+    full = shortfall("j", groups=2, pods_per_group=18, gpus_per_pod=4, racks=racks)
+    assert full is not None and "72 free GPUs in each of 2 rack(s); 1 of the declared racks" in full
+    assert "rack-1 40" in full
+    assert shortfall("j", groups=1, pods_per_group=18, gpus_per_pod=4, racks=[]) is None  # nothing declared
