@@ -24,6 +24,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass
 
+from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, WORKLOAD_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError
 from nvlfabric.sim.environment import simulator_env
@@ -82,6 +83,9 @@ def up(cp: ControlPlane) -> None:
     for name, st in sorted(domains.items()):
         print(f"{name:14} {st.get('phase', ''):6} {st.get('clique') or '-':48} {st.get('channel') or '-':>7} "
               f"{st.get('readyNodes', 0)}/{st.get('totalNodes', 0)}")
+        for g in st.get("groups") or []:  # a MultiClique domain: a clique and a channel per group
+            print(f"  group {g['index']:<6} {'':6} {g.get('clique') or '-':48} {g.get('channel') or '-':>7} "
+                  f"{g.get('readyNodes', 0)}/{len(g.get('nodes') or [])}")
     print()
     print_rack_map(cp, pods)
     print(f"\ntimings       simulator up {sim_s:.1f}s, pulumi up {up_s:.1f}s, "
@@ -98,9 +102,9 @@ def wait_running(client: Client, outputs: dict[str, Any]) -> tuple[dict[str, dic
     deadline = time.monotonic() + WAIT_S
     last = ""
     while True:
-        domains = {n: dict(client.get(ComputeDomainResource, n, namespace="default").status or {}) for n in names}
-        pods = [p for j in jobs for p in client.list(Pod, namespace="default",
-                                                     labels={"batch.kubernetes.io/job-name": j})]
+        domains: dict[str, dict[str, Any]] = {n: _status(client, n) for n in names}
+        # By workload (a job over several cliques is a Job per clique group).
+        pods = [p for j in jobs for p in client.list(Pod, namespace="default", labels={WORKLOAD_LABEL: j})]
         running = [p for p in pods if p.status is not None and p.status.phase == "Running"]
         ready = [n for n, st in domains.items() if st.get("phase") == "Ready"]
         line = f"{len(ready)}/{len(names)} ComputeDomains Ready, {len(running)}/{len(pods)} pods Running"
@@ -112,6 +116,11 @@ def wait_running(client: Client, outputs: dict[str, Any]) -> tuple[dict[str, dic
         if time.monotonic() > deadline:
             raise SystemExit(f"demo: not there after {WAIT_S:.0f}s: {line}; see `kubectl get pods,computedomains`")
         time.sleep(1)
+
+
+def _status(client: Client, name: str) -> dict[str, Any]:
+    status = client.get(ComputeDomainResource, name, namespace="default").status
+    return dict(status) if isinstance(status, dict) else {}
 
 
 def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
@@ -134,8 +143,9 @@ def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
                 continue
             env = dict(e.split("=", 1) for e in rec.get("env") or [])
             devs = ",".join(d["path"].rsplit("/", 1)[1] for d in rec.get("deviceNodes") or [])
-            by_node.setdefault(node, []).append(
-                f"{env.get('NVLFABRIC_COMPUTE_DOMAIN', '?')}:{devs or 'no channel'} ({gpus} GPU)")
+            group = (pod.metadata.annotations or {}).get(CLIQUE_GROUP_ANNOTATION)
+            domain = env.get("NVLFABRIC_COMPUTE_DOMAIN", "?") + (f"/g{group}" if group is not None else "")
+            by_node.setdefault(node, []).append(f"{domain}:{devs or 'no channel'} ({gpus} GPU)")
     print("rack map (per node: GPUs in use of 4, and each pod's ComputeDomain:IMEX channel device and GPUs, from\n"
           "the recorded container edits)")
     racks: dict[int, list[Any]] = {}

@@ -88,7 +88,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors as api_errors
 from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
-from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names, immutable_changes
+from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names, immutable_changes
 from nvlfabric.api.names import CLIQUE_GROUPS_ANNOTATION, COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
 from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import await_, errors, kube
@@ -299,7 +299,7 @@ def _claim_of(props: Mapping[str, Any]) -> str | None:
     if not isinstance(name, str) or is_unknown(name) or _contains_unknown(spec):
         return None
     try:
-        return channel_claim_name(name, ComputeDomainSpec.model_validate(spec or {}))
+        return channel_claim_names(name, ComputeDomainSpec.model_validate(spec or {}))[0]
     except ValidationError:
         return None
 
@@ -403,7 +403,7 @@ def outputs(cd: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any
         "labels": dict(meta.get("labels") or {}),
         **{k: settings.get(k, d) for k, d in SETTINGS.items()},
         "uid": meta.get("uid"),
-        "claim_name": channel_claim_name(str(meta.get("name")), spec),
+        "claim_name": channel_claim_names(str(meta.get("name")), spec)[0],
         # An absent phase means Pending (see api.Phase).
         "phase": status.get("phase") or api.Phase.PENDING.value,
         "clique": status.get("clique"),
@@ -655,7 +655,7 @@ class ComputeDomainProvider(ResourceProvider):
         """Wait per the readiness table; returns the CD as last seen."""
         meta = _meta(cd)
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        claim_name = channel_claim_name(name, ComputeDomainSpec.model_validate(cd.get("spec") or {}))
+        claim_name = channel_claim_names(name, ComputeDomainSpec.model_validate(cd.get("spec") or {}))[0]
         if not await_.READINESS[level]:
             return dict(cd)
         snap = await_.wait(
@@ -738,7 +738,7 @@ def _claim_name(name: str, cd: Mapping[str, Any] | None, props: Mapping[str, Any
     """The CD's claim name: from state, else from the live spec, else the default."""
     if props.get("claim_name"):
         return str(props["claim_name"])
-    return channel_claim_name(name, ComputeDomainSpec.model_validate((cd or {}).get("spec") or {}))
+    return channel_claim_names(name, ComputeDomainSpec.model_validate((cd or {}).get("spec") or {}))[0]
 
 
 def _claim_filter(cd_name: str, *, uid: str) -> Callable[[dict[str, Any] | None], dict[str, Any] | None]:

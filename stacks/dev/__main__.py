@@ -1,8 +1,9 @@
 """The dev stack: nvlfabric on the local GB200 NVL72 simulator (`make demo` brings up 2 racks).
 
-The driver install, the simulator's racks, three ComputeDomains and three training Jobs of
-different sizes bound to them. Each Job's pods share their domain's one IMEX channel; the scheduler
-keeps each domain inside one NVLink clique (one rack) without any affinity written here.
+The driver install, the simulator's racks, three single-rack ComputeDomains with a training Job
+each, and one job across both racks: a MultiClique domain of two clique groups with one BoundJob of
+16 pods, 8 per rack. Each group's pods share their rack's channel of the domain; nvlfabric's
+controller places every group where all its pods fit, without any affinity written here.
 """
 
 import pulumi
@@ -40,7 +41,16 @@ for name, pods in WORKLOADS:
         }})
     domains[name] = cd
 
+# One training job over two racks: two clique groups of 8 pods x 4 GPUs, a channel in each rack.
+multirack = ComputeDomain("multirack", namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]),
+                          spec={"numNodes": 16, "placement": {"scope": "MultiClique", "cliques": 2}})
+jobs["multirack"] = BoundJob("multirack", compute_domain=multirack, parallelism=16, pod_template={"spec": {
+    "containers": [{"name": "trainer", "image": "registry.invalid/nvlfabric/train:dev",
+                    "command": ["torchrun", "--nnodes=$(NVLFABRIC_WORLD_SIZE)", "--node-rank=$(NVLFABRIC_RANK)",
+                                "--master-addr=$(NVLFABRIC_MASTER_ADDR)", "train.py"]}]}})
+domains["multirack"] = multirack
+
 pulumi.export("device_class", driver.device_class)
 pulumi.export("rack_gpus", {n: r.gpus for n, r in rack_components.items()})
-pulumi.export("compute_domains", {n: cd.claim_name for n, cd in domains.items()})
+pulumi.export("compute_domains", {n: cd.claims for n, cd in domains.items()})
 pulumi.export("jobs", {n: j.job_name for n, j in jobs.items()})
