@@ -42,6 +42,7 @@ from nvlfabric.provider.computedomain import (
     compute_diff,
     in_use_message,
 )
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
 
@@ -359,6 +360,22 @@ def test_create_awaits_accepted_and_makes_the_shared_claim(prov: ComputeDomainPr
 
     # Nothing changed: the state diffs clean against the same program.
     assert prov.diff(created.id, outs, inputs(name, spec={"numNodes": 2}, labels={"team": "ml"})).changes is False
+
+
+@pytest.mark.cluster
+def test_a_multi_clique_domain_gets_a_claim_per_group_and_goes_with_them(prov: ComputeDomainProvider, name: str,
+                                                                          api: Cluster) -> None:
+    spec = {"numNodes": 36, "placement": {"scope": "MultiClique", "cliques": 2}}
+    created = prov.create(inputs(name, spec=spec))  # awaits Accepted: the domain and its claims exist
+    assert created.outs["claim_name"] == f"{name}-channel-0"
+    claims = [api.client.get(ResourceClaim, f"{name}-channel-{g}", namespace=NS).to_dict() for g in range(2)]
+    assert all(c["metadata"]["annotations"] == {names.CLIQUE_GROUPS_ANNOTATION: "2"} for c in claims)
+    with pytest.raises(ApiError):
+        api.client.get(ResourceClaim, f"{name}-channel", namespace=NS)
+    prov.delete(created.id, created.outs)
+    for g in range(2):
+        eventually(f"claim {g} to go with its domain", lambda g=g: not list(api.client.list(
+            ResourceClaim, namespace=NS, fields={"metadata.name": f"{name}-channel-{g}"})))
 
 
 @pytest.mark.cluster
