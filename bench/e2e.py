@@ -207,13 +207,14 @@ def install_driver(sim: Sim, results: dict[str, float]) -> None:
         pools = {(s.metadata.labels or {}).get(POOL_LABEL)
                  for s in sim.client.list(ResourceSlice, labels={POOL_LABEL: None}) if s.metadata}
         registered = sum(1 for n in nodes if registry_sockets(n.registry_dir))
-        line = (f"{len(agents)}/{len(nodes) + 1} driver pods running, {len(labelled)}/{len(nodes)} nodes labelled "
+        want = 2 * len(nodes) + 2  # an agent and an IMEX keeper per node, two controller replicas
+        line = (f"{len(agents)}/{want} driver pods running, {len(labelled)}/{len(nodes)} nodes labelled "
                 f"with a clique, {registered}/{len(nodes)} plugins registered, {len(pools)}/{len(sim.racks)} "
                 "clique pools")
         if line != last:
             say(f"{sim.key}: {line}")
             last = line
-        if (len(agents) == len(nodes) + 1 and len(labelled) == len(nodes) and registered == len(nodes)
+        if (len(agents) >= want and len(labelled) == len(nodes) and registered == len(nodes)
                 and len(cliques) == len(sim.racks) and len(pools) == len(sim.racks)):
             break
         if time.monotonic() > deadline:
@@ -302,7 +303,7 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
             mark("pods_running_s", len(running) == want_pods, now)
             mark("domains_ready_s", len(ready) == want_domains, now)
             line = (f"{len(pods)}/{want_pods} pods created, {len(scheduled)} scheduled, {len(running)} running; "
-                    f"{len(allocated)}/{want_domains} claims allocated; {ready_entries}/{entries} domain node "
+                    f"{len(allocated)}/{want_claims} claims allocated; {ready_entries}/{entries} domain node "
                     f"entries ready; {len(ready)}/{want_domains} domains Ready")
             if line != last:
                 say(f"{sim.key}: [{now:5.1f}s] {line}")

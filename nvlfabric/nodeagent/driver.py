@@ -146,6 +146,8 @@ class ChannelDriver:
         self._lock = threading.Lock()
         self._domains: dict[str, imex.ImexDomain] = {}
         """The IMEX domains this process has used; with a keeper, handles on the keeper's daemons."""
+        self._unreported: dict[tuple[str, str], tuple[bool, str | None]] = {}
+        """ComputeDomain (namespace, name) → the node entry whose write failed, to be tried again."""
         self._answers: dict[str, str] = {}
         """Completed claims this process has answered, with the request name they were answered for:
         the warm path rebuilds its reply from the entry (see the module doc). Only the (interned)
@@ -418,12 +420,20 @@ class ChannelDriver:
         shutil.rmtree(self.paths.imex_workdir / domain_id, ignore_errors=True)
 
     def has_dedicated(self) -> bool:
-        return any(d.startswith("cd-") for d in self._domains)
+        """Whether the agent must sync between resyncs: dedicated domains run here (their
+        membership changes as members join), or a status report is still owed."""
+        return any(d.startswith("cd-") for d in self._domains) or bool(self._unreported)
 
     def sync_dedicated(self) -> None:
-        """Between resyncs, while dedicated domains run here: follow their membership (SIGUSR1)."""
+        """Between resyncs, while dedicated domains run here: follow their membership (SIGUSR1);
+        and report the entries a failed write left out."""
         with self._lock:
             self._keep_domains_running(dedicated_only=True)
+            self._report_owed()
+
+    def _report_owed(self) -> None:
+        for (namespace, name), (ready, message) in sorted(self._unreported.items()):
+            self._report(namespace, name, ready=ready, message=message)
 
     def _ensure_clique_domain(self, clique: str, domain_id: str, deadline: float) -> None:
         self._run_until_ready(self._domain(domain_id), self._clique_members(clique), deadline,
@@ -455,9 +465,19 @@ class ChannelDriver:
             name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message))
         try:
             self.client.apply(_cd_status_path(namespace, name), body, field_manager=self._manager)
-        except errors.ApiStatusError as exc:
-            # Status is a report, not a step of prepare: the workload may run without it.
-            log.warning("ComputeDomain %s/%s: could not report node status: %s", namespace, name, exc.message)
+        except errors.NotFound:
+            self._unreported.pop((namespace, name), None)  # the domain is gone: nothing to report to
+        except (errors.ApiStatusError, OSError) as exc:
+            # Status is a report, not a step of prepare: the workload may run without it. But a
+            # domain waiting for numNodes would never be Ready without this node's entry, so the
+            # report is owed and tried again (every DEDICATED_SYNC_S, and at each resync). Found
+            # with 72 agents on 2 cores: an API read timed out after the claim was prepared, the
+            # kubelet's retry was answered from the checkpoint, and 12 entries never came.
+            log.warning("ComputeDomain %s/%s: could not report node status, trying again: %s", namespace, name,
+                        getattr(exc, "message", None) or exc)
+            self._unreported[(namespace, name)] = (ready, message)
+        else:
+            self._unreported.pop((namespace, name), None)
 
     @property
     def _manager(self) -> str:
@@ -591,6 +611,7 @@ class ChannelDriver:
             if cp != self.state:
                 self._save(cp)
             self._keep_domains_running()
+            self._report_owed()
 
     def _keep_domains_running(self, *, dedicated_only: bool = False) -> None:
         """The IMEX domains of prepared claims run here, with their current members (started again
