@@ -125,11 +125,12 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     monitor.start(stop)
     next_resync = time.monotonic() + args.resync_s
     try:
-        # Wake every resync period, and every DEDICATED_SYNC_S while dedicated IMEX domains run here
-        # (their membership changes as members join). A failed pass is logged and retried at the
-        # next one: the API server being briefly away must not stop the agent.
-        while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S) if driver.has_dedicated()
-                            else max(0.0, next_resync - time.monotonic())):
+        # Wake every DEDICATED_SYNC_S: dedicated IMEX domains' membership changes as members join,
+        # and a status report that failed is owed (a prepare cannot wait for the next resync to
+        # tell its domain; sync_dedicated costs nothing when neither is the case). A failed pass is
+        # logged and retried at the next one: the API server being briefly away must not stop the
+        # agent.
+        while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S, max(0.0, next_resync - time.monotonic()))):
             try:
                 if time.monotonic() < next_resync:
                     driver.sync_dedicated()

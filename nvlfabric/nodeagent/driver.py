@@ -419,11 +419,6 @@ class ChannelDriver:
         domain.stop()
         shutil.rmtree(self.paths.imex_workdir / domain_id, ignore_errors=True)
 
-    def has_dedicated(self) -> bool:
-        """Whether the agent must sync between resyncs: dedicated domains run here (their
-        membership changes as members join), or a status report is still owed."""
-        return any(d.startswith("cd-") for d in self._domains) or bool(self._unreported)
-
     def sync_dedicated(self) -> None:
         """Between resyncs, while dedicated domains run here: follow their membership (SIGUSR1);
         and report the entries a failed write left out."""
