@@ -407,34 +407,47 @@ class AgentProcess:
 
     def kill(self) -> None:
         """SIGKILL, as an OOM kill or a node problem would; waits for the process to be gone."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        _kill(self.proc)
 
     def terminate(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, as the kubelet stops a container; returns the exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return _terminate(self.proc, timeout)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return _tail(self.log, lines)
 
     def close(self) -> None:
         """The agent and its keeper stopped (SIGTERM; the keeper stops its IMEX daemons)."""
         self.terminate()
         self.keeper.terminate()
+
+
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
+    """SIGTERM, then SIGKILL after `timeout` s; the exit status."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def _tail(log: Path, lines: int) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 class KeeperProcess:
@@ -479,28 +492,15 @@ class KeeperProcess:
             return False
 
     def kill(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        """SIGKILL, as an OOM kill or a node problem would; waits for the process to be gone."""
+        _kill(self.proc)
 
     def terminate(self, timeout: float = 20.0) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        """SIGTERM, as the kubelet stops a container; returns the exit status."""
+        return _terminate(self.proc, timeout)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return _tail(self.log, lines)
 
 
 Result = list[dict[str, object]] | str

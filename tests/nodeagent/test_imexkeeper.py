@@ -8,25 +8,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nvlfabric.nodeagent import imex, imexkeeper
 from nvlfabric.nodeagent.imexkeeper import Ensure, Keeper, KeeperDomain, Status, Stop
-from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, wait_until
+from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, nodes, wait_until
 
-__all__ = ["driver_root"]  # the session fixture, shared with test_imex
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, driver_root: Path) -> Iterator[Nodes]:
-    n = Nodes(tmp_path, driver_root)
-    try:
-        yield n
-    finally:
-        n.close()
+__all__ = ["driver_root", "nodes"]  # test_imex's fixtures, shared
 
 
 def keeper_at(nodes: Nodes, i: int) -> tuple[Keeper, Path, imexkeeper.Server]:
