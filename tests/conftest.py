@@ -67,14 +67,15 @@ def cluster() -> Iterator[Cluster]:
 
 @contextlib.contextmanager
 def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manager: str,
-                   prefix: str, racks: int = 1) -> Iterator[tuple[ControlPlane, Client]]:
+                   prefix: str, racks: int = 1,
+                   workload_scheduling: bool = False) -> Iterator[tuple[ControlPlane, Client]]:
     """A control plane of its own with one rack of `nodes` simulated GB200 nodes (rack number
     `first_rack`: addresses 127.10.<first_rack>.x, node names from it), and a client for it.
     Stopped and removed afterwards; the agents' and the kubelet's last log lines are printed
     (pytest shows them when a test failed)."""
     state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     cp = ControlPlane(state_dir=state, ports=ports, racks=racks, nodes_per_rack=nodes, first_rack=first_rack,
-                      progress=lambda m: None)
+                      progress=lambda m: None, workload_scheduling=workload_scheduling)
     cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager=field_manager)
     try:

@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--first-rack", type=int, default=0,
                     help="number of the first rack: names and 127.10.<rack>.x addresses start there, so two "
                          "simulators on one machine do not collide")
+    up.add_argument("--workload-scheduling", action="store_true",
+                    help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
+                         "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.racks:
                 rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)  # validates
             cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
+            cp.workload_scheduling = args.workload_scheduling
             if not cp.up():
                 print(f"nvlfabric-sim is already running at {cp.server} (state in {state_dir}); nothing changed")
             return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import json
 import shutil
 import socket
@@ -45,6 +46,14 @@ START_TIMEOUT_S = 90.0  # contended 2-core CI machines take 30 s+ for RBAC boots
 POLL_INTERVAL_S = 0.2
 KUBELET_STOP_TIMEOUT_S = 30.0  # its own budget for stopping the local processes is 10 s
 APISERVER_STOP_TIMEOUT_S = 2.0
+#: Kubernetes 1.37's workload-aware scheduling, off by default there (alpha and beta): Workload,
+#: PodGroup and CompositePodGroup objects, gang policy, a topology constraint per pod group and
+#: claims reserved for a whole pod group (../shared/reference: k8s-workload-scheduling.md).
+WORKLOAD_SCHEDULING_GATES = ("GenericWorkload", "DRAWorkloadResourceClaims", "TopologyAwareWorkloadScheduling",
+                             "CompositePodGroup")
+#: The versions served: 1.37's scheduler watches v1beta1 (the issue and the reference name v1alpha3,
+#: which 1.37 serves too, with the same fields).
+WORKLOAD_SCHEDULING_APIS = ("scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha3")
 
 
 class Ports(BaseModel):
@@ -84,6 +93,7 @@ class State(BaseModel):
     nodes_per_rack: int = NODES_PER_RACK
     first_rack: int = 0
     nodes_ready_s: float | None = None
+    workload_scheduling: bool = False
 
 
 class ControlPlaneError(RuntimeError):
@@ -113,6 +123,9 @@ class ControlPlane:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     """Extra command-line flags per component (`etcd`, `kube-apiserver`, `kube-scheduler`,
     `kube-controller-manager`), e.g. `{"kube-controller-manager": ["--kube-api-qps=100"]}`."""
+    workload_scheduling: bool = False
+    """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
+    the scheduler and the controller manager alike, as a cluster that opted in would."""
 
     def nodes(self) -> list[SimNode]:
         return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack)
@@ -185,6 +198,7 @@ class ControlPlane:
                     self.ports = state.ports
                     self.racks, self.nodes_per_rack, self.first_rack = (state.racks, state.nodes_per_rack,
                                                                         state.first_rack)
+                    self.workload_scheduling = state.workload_scheduling
                     return False
                 # Leftovers of a crash: stop what survives before starting afresh.
                 self._stop_all(state)
@@ -196,7 +210,8 @@ class ControlPlane:
             self.backend_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
-                          racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack)
+                          racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
+                          workload_scheduling=self.workload_scheduling)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
@@ -226,6 +241,10 @@ class ControlPlane:
 
     def _launch(self, state: State, name: str, argv: list[str]) -> ProcessRecord:
         self.progress(f"starting {name}")
+        if self.workload_scheduling and name.startswith("kube-"):
+            argv = [*argv, f"--feature-gates={','.join(f'{g}=true' for g in WORKLOAD_SCHEDULING_GATES)}"]
+            if name == "kube-apiserver":
+                argv.append(f"--runtime-config={','.join(f'{v}=true' for v in WORKLOAD_SCHEDULING_APIS)}")
         argv = [*argv, *self.extra_args.get(name, [])]
         rec = processes.spawn(name, argv, self.state_dir / "logs" / f"{name}.log")
         state.processes.append(rec)
@@ -283,6 +302,9 @@ class ControlPlane:
         self._wait(state, "kube-apiserver /readyz", lambda: self._api_ok(state.token, "/readyz"))
         self._wait(state, "resource.k8s.io/v1 to be served",
                    lambda: self._api_ok(state.token, "/apis/resource.k8s.io/v1"))
+        for version in WORKLOAD_SCHEDULING_APIS if self.workload_scheduling else ():
+            served = functools.partial(self._api_ok, state.token, f"/apis/{version}")
+            self._wait(state, f"{version} to be served", served)
 
     def _start_scheduler(self, tools: Tools, state: State) -> None:
         p = self.ports

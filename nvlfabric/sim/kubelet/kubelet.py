@@ -97,6 +97,21 @@ class NodeState:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
 
 
+def reserved_for(claim: ResourceClaim, pod: Pod) -> bool:
+    """Whether `claim` is reserved for `pod`: the pod itself is a consumer, or its PodGroup is,
+    named as the pod's `spec.schedulingGroup` names it (pods do not know their group's uid), as a
+    kubelet with DRAWorkloadResourceClaims on checks; only a scheduler with that gate on
+    reserves a claim for a PodGroup."""
+    assert pod.metadata is not None and pod.spec is not None
+    group = pod.spec.schedulingGroup.podGroupName if pod.spec.schedulingGroup else None
+    for r in (claim.status.reservedFor or []) if claim.status else []:
+        if r.uid == pod.metadata.uid:
+            return True
+        if group and r.apiGroup == names.SCHEDULING_API_GROUP and r.resource == "podgroups" and r.name == group:
+            return True
+    return False
+
+
 class PodNotReady(Exception):
     """The pod cannot start yet; the message is what it waits for (shown as a pod event)."""
 
@@ -441,8 +456,7 @@ class SimKubelet:
             except errors.ApiStatusError as exc:
                 raise PodNotReady("FailedPrepareDynamicResources",
                                   f"ResourceClaim {claim_name}: {exc.message}") from exc
-            reserved = {r.uid for r in (claim.status.reservedFor or [])} if claim.status else set()
-            if not (claim.status and claim.status.allocation) or pod.metadata.uid not in reserved:
+            if not (claim.status and claim.status.allocation) or not reserved_for(claim, pod):
                 raise PodNotReady("FailedPrepareDynamicResources",
                                   f"ResourceClaim {claim_name} is not allocated and reserved for this pod yet")
             claims.append(claim)
