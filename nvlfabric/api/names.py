@@ -151,6 +151,15 @@ RANK_ANNOTATION: Final = "nvlfabric.io/rank"
 """On such a pod, written by the controller as it lifts the pod's gate: its rank in the whole job,
 group index x group size + the pod's index in its group (Kubernetes' env cannot add), which the
 pod's NVLFABRIC_RANK reads through the downward API."""
+SCHEDULING_API_GROUP: Final = "scheduling.k8s.io"
+WORKLOAD_API_VERSIONS: Final = ("v1beta1", "v1alpha3")
+"""Where Kubernetes serves Workload, PodGroup and CompositePodGroup (1.37: the first two in
+v1beta1, which its scheduler watches, and v1alpha3; CompositePodGroup in v1alpha3 only): the
+first version that serves a kind is used."""
+POD_GROUP_TEMPLATE: Final = "clique"
+"""A BoundJob's Workload: the pod group template of a clique group (gang, topology on CLIQUE_LABEL)."""
+COMPOSITE_GROUP_TEMPLATE: Final = "job"
+"""... and of the whole job over several cliques (gang over all its clique groups)."""
 CLIQUE_GROUPS_ANNOTATION: Final = "nvlfabric.io/clique-groups"
 """On each channel claim of a multi-clique ComputeDomain: how many claims (one per clique) the
 domain has, so the controller places them all at once or none."""

@@ -32,6 +32,15 @@ so it cannot), one headless Service `<name>` over all of them. The controller pl
 all at once, each in a clique of its own, and writes each pod's rank in the whole job
 (`nvlfabric.io/rank`, from the group and the pod's index) as it lifts the pod's gate, which
 NVLFABRIC_RANK reads; so such a job needs the reservation gate.
+
+Who places the groups (`scheduler`): where the cluster offers Kubernetes' own workload scheduling
+(1.37's Workload, PodGroup and CompositePodGroup with their gates on; nvlfabric/provider/scheduling.py
+checks at preview), the component declares it and kube-scheduler places each clique group as a
+gang constrained to one clique, the whole job as a gang of its groups, with each group's channel
+claim reserved for its PodGroup rather than for each pod (no per-pod `reservedFor` entry). The
+pods then carry `spec.schedulingGroup` and, over one clique, no gate; over several, the gate
+stays, for the controller to write the ranks (it places nothing then). Elsewhere nvlfabric's
+controller places, as above.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nvlfabric.api.names import (
     CLIQUE_GROUP_ANNOTATION,
+    CLIQUE_LABEL,
+    COMPOSITE_GROUP_TEMPLATE,
     COMPUTE_DOMAIN_LABEL,
     DEFAULT_MASTER_PORT,
     DNS_LABEL,
@@ -57,6 +68,7 @@ from nvlfabric.api.names import (
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MAX_PODS_PER_CLAIM,
+    POD_GROUP_TEMPLATE,
     RANK_ANNOTATION,
     RANK_ENV,
     RESERVATION_GATE,
@@ -72,9 +84,15 @@ from nvlfabric.components import capacity
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
 from nvlfabric.components.computedomain import ComputeDomain
+from nvlfabric.provider import kube, scheduling
+from nvlfabric.provider.scheduling import WorkloadApis
 
 CLAIM_REF: Final = "channel"
 WorkloadKind = Literal["Job", "StatefulSet", "JobSet", "LeaderWorkerSet"]
+Scheduler = Literal["auto", "nvlfabric", "kubernetes"]
+#: What `scheduler: kubernetes` assumes of a cluster it could not read at preview (1.37's versions).
+DEFAULT_WORKLOAD_APIS: Final = WorkloadApis("scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1beta1",
+                                            "scheduling.k8s.io/v1alpha3")
 #: Kinds whose pods run to completion (restartPolicy Never/OnFailure); the others keep running (Always).
 BATCH_KINDS: Final = ("Job", "JobSet")
 JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
@@ -122,6 +140,11 @@ class BoundJobArgs(BaseModel):
     master_port: int = Field(DEFAULT_MASTER_PORT, ge=1, le=65535,
                              description=f"the port rank 0 listens on for the launcher's rendezvous, 1..65535 "
                                          f"({MASTER_PORT_ENV} in the pods; {DEFAULT_MASTER_PORT} is torch's default)")
+    scheduler: Scheduler = Field("auto", description="who places the pods all at once in a clique: 'kubernetes' "
+                                                     "(the cluster's Workload and PodGroup gang scheduling, "
+                                                     "Kubernetes 1.37 with its gates on), 'nvlfabric' (nvlfabric's "
+                                                     "controller) or 'auto' (kubernetes where the cluster offers it "
+                                                     "at preview, else nvlfabric)")
     clique_groups: int = Field(1, ge=1, description="how many clique groups the ComputeDomain has (from its "
                                                     "placement.cliques; not an argument)")
 
@@ -179,9 +202,11 @@ class BoundJobArgs(BaseModel):
         return self
 
 
-def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, group: int | None = None) -> dict[str, Any]:
+def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, group: int | None = None,
+                       pod_group: str | None = None) -> dict[str, Any]:
     """The user's pod template with the domain's claim and the GPUs added (pure); `group`: the
-    clique group of a MultiClique domain these pods form."""
+    clique group of a MultiClique domain these pods form; `pod_group`: the PodGroup they belong
+    to when Kubernetes schedules them (then the gate stays only for a multi-clique job's ranks)."""
     tpl = copy.deepcopy(args.pod_template)
     meta = tpl.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
@@ -192,7 +217,10 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
     spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),
                               {"name": CLAIM_REF, "resourceClaimName": claim_name}]
     gates = spec.get("schedulingGates") or []
-    if args.reservation_gate and not any(g.get("name") == RESERVATION_GATE for g in gates):
+    if pod_group is not None:
+        spec["schedulingGroup"] = {"podGroupName": pod_group}
+    gated = args.reservation_gate and (pod_group is None or args.clique_groups > 1)
+    if gated and not any(g.get("name") == RESERVATION_GATE for g in gates):
         spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]
     for c in spec["containers"]:
         res = c.setdefault("resources", {})
@@ -260,14 +288,71 @@ def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
             "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
 
 
+def pod_group_name(args: BoundJobArgs, group: int) -> str:
+    """The PodGroup of clique group `group`: the job's own name over one clique, else `<name>-<g>`."""
+    return args.name if args.clique_groups == 1 else f"{args.name}-{group}"
+
+
+def pod_group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[Any], apis: WorkloadApis,
+                        labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Kubernetes' scheduling objects of the job (pure): a Workload with a gang template of one
+    clique group (topology: the clique label), over several cliques inside a composite template
+    whose gang is all the groups, then the CompositePodGroup and one PodGroup per group, each with
+    its group's channel claim as a pod-group claim."""
+    n, k = args.group_size, args.clique_groups
+    template = {"name": POD_GROUP_TEMPLATE, "schedulingPolicy": {"gang": {"minCount": n}},
+                "schedulingConstraints": {"topology": [{"key": CLIQUE_LABEL}]}}
+
+    def meta(name: str) -> dict[str, Any]:
+        # Nothing to await: a group is scheduled when its pods exist, after the objects are made.
+        return {"name": name, "namespace": namespace, "labels": labels, "annotations": {"pulumi.com/skipAwait": "true"}}
+
+    if k == 1:
+        spec: dict[str, Any] = {"podGroupTemplates": [template]}
+    else:
+        spec = {"podGroupTemplates": [], "compositePodGroupTemplates": [{
+            "name": COMPOSITE_GROUP_TEMPLATE, "schedulingPolicy": {"gang": {"minGroupCount": k}},
+            "podGroupTemplates": [template]}]}
+    out = [{"apiVersion": apis.workload, "kind": "Workload", "metadata": meta(args.name), "spec": spec}]
+    if k > 1:
+        if apis.composite is None:
+            raise ValueError("a job over several cliques needs CompositePodGroup, which the cluster does not serve")
+        out.append({"apiVersion": apis.composite, "kind": "CompositePodGroup", "metadata": meta(args.name), "spec": {
+            "workloadRef": {"workloadName": args.name, "templateName": COMPOSITE_GROUP_TEMPLATE},
+            "schedulingPolicy": {"gang": {"minGroupCount": k}}}})
+    for g, claim in enumerate(claims):
+        group = {"workloadRef": {"workloadName": args.name, "templateName": POD_GROUP_TEMPLATE},
+                 **({"parentCompositePodGroupName": args.name} if k > 1 else {}),
+                 "schedulingPolicy": template["schedulingPolicy"],
+                 "schedulingConstraints": template["schedulingConstraints"],
+                 "resourceClaims": [{"name": CLAIM_REF, "resourceClaimName": claim}]}
+        out.append({"apiVersion": apis.pod_group, "kind": "PodGroup", "metadata": meta(pod_group_name(args, g)),
+                    "spec": copy.deepcopy(group)})
+    return out
+
+
 def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str,
-                       claims: list[str] | None = None) -> list[dict[str, Any]]:
+                       claims: list[str] | None = None, apis: WorkloadApis | None = None) -> list[dict[str, Any]]:
     """The objects of the workload (dicts in the API's shape), the workloads themselves last (pure).
     `claims`: a MultiClique domain's claims, one per clique group (then one workload per group,
-    or one JobSet with a replicated Job per group)."""
+    or one JobSet with a replicated Job per group). `apis`: Kubernetes schedules the job (its
+    Workload and pod groups come first), else None: nvlfabric's controller does."""
+    labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
+    groups: list[dict[str, Any]] = []
+    if apis is not None:
+        groups = pod_group_manifests(args, namespace=namespace, claims=claims or [claim_name], apis=apis,
+                                     labels=labels)
     if args.clique_groups > 1:
-        return _group_manifests(args, namespace=namespace, claims=claims or [], domain=domain)
-    tpl = bound_pod_template(args, claim_name=claim_name, domain=domain)
+        return [*groups, *_group_manifests(args, namespace=namespace, claims=claims or [], domain=domain,
+                                           kubernetes=apis is not None)]
+    return [*groups, *_single_manifests(args, namespace=namespace, claim_name=claim_name, domain=domain,
+                                        kubernetes=apis is not None)]
+
+
+def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str,
+                      kubernetes: bool) -> list[dict[str, Any]]:
+    tpl = bound_pod_template(args, claim_name=claim_name, domain=domain,
+                             pod_group=pod_group_name(args, 0) if kubernetes else None)
     labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
     # Deleting waits (foreground) until the workload's pods are gone, so the ComputeDomain, deleted
     # after its workloads, finds its channel no longer in use.
@@ -310,7 +395,8 @@ def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, d
         "leaderWorkerTemplate": {"size": n, "workerTemplate": tpl}}}]
 
 
-def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], domain: str) -> list[dict[str, Any]]:
+def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], domain: str,
+                     kubernetes: bool) -> list[dict[str, Any]]:
     """A MultiClique domain's job: the headless Service over every group, then per group its
     workload (a JobSet: one, with a replicated Job per group)."""
     if len(claims) != args.clique_groups:
@@ -320,7 +406,8 @@ def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], d
     env = launcher_env(args, namespace=namespace)
     templates = []
     for g, claim in enumerate(claims):
-        tpl = bound_pod_template(args, claim_name=claim, domain=domain, group=g)
+        tpl = bound_pod_template(args, claim_name=claim, domain=domain, group=g,
+                                 pod_group=pod_group_name(args, g) if kubernetes else None)
         tpl["metadata"]["labels"].update(selector)
         tpl["spec"]["subdomain"] = args.name  # hosts <name>-<g>-<i> under the one Service
         _add_launcher_env(tpl, env)
@@ -379,13 +466,14 @@ class BoundJob(pulumi.ComponentResource):
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
                  wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
-                 master_port: int = DEFAULT_MASTER_PORT, opts: pulumi.ResourceOptions | None = None) -> None:
+                 master_port: int = DEFAULT_MASTER_PORT, scheduler: Scheduler = "auto",
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         groups = len(compute_domain.claims) if isinstance(compute_domain, ComputeDomain) else 1
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
-            "master_port": master_port, "clique_groups": groups})
+            "master_port": master_port, "scheduler": scheduler, "clique_groups": groups})
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
@@ -397,14 +485,24 @@ class BoundJob(pulumi.ComponentResource):
                                    racks=capacity.declared())
         if short:
             pulumi.log.warn(short, resource=self)
+        apis = self._workload_apis(resource_name, compute_domain.namespace)
         objs = workload_manifests(self.args, namespace=compute_domain.namespace,
                                   claim_name=compute_domain.claim, domain=compute_domain.name,
-                                  claims=compute_domain.claims)
+                                  claims=compute_domain.claims, apis=apis)
         # The workload waits for its domain, and for what the component was told to wait for (a
         # JobSet's CRD, say): a component's own depends_on does not hold back its children.
         extra: Any = opts.depends_on if opts is not None else None
         waits: list[Any] = [compute_domain, *([extra] if isinstance(extra, pulumi.Resource) else (extra or []))]
         child = pulumi.ResourceOptions(parent=self, depends_on=waits)
+        # Kubernetes' scheduling objects come before the workloads, which wait for them (and are
+        # deleted before them: a PodGroup stays while pods of it exist).
+        self.pod_groups = [k8s.apiextensions.CustomResource(
+            f"{resource_name}-{m['kind'].lower()}-{m['metadata']['name']}", api_version=m["apiVersion"],
+            kind=m["kind"], metadata=m["metadata"], spec=m["spec"], opts=child)
+            for m in objs if m["kind"] in SCHEDULING_KINDS]
+        if self.pod_groups:
+            child = pulumi.ResourceOptions(parent=self, depends_on=[*waits, *self.pod_groups])
+        objs = [m for m in objs if m["kind"] not in SCHEDULING_KINDS]
         services = [m for m in objs if m["kind"] == "Service"]
         for m in services:  # the Job's or the StatefulSet's headless Service
             k8s.core.v1.Service(f"{resource_name}-svc", metadata=m["metadata"], spec=m["spec"], opts=child)
@@ -426,9 +524,54 @@ class BoundJob(pulumi.ComponentResource):
         given = self.args.name
         self.job_name = self.job.id.apply(lambda _: given)  # known once the workload exists
         self.kind = pulumi.Output.from_input(self.args.kind)
+        self.scheduler = pulumi.Output.from_input("kubernetes" if apis else "nvlfabric")
         self.namespace = pulumi.Output.from_input(compute_domain.namespace)
         self.pods = pulumi.Output.from_input(self.args.parallelism)
         self.claim_name = compute_domain.claim_name
         self.register_outputs({"job_name": self.job_name, "kind": self.kind, "namespace": self.namespace,
-                               "pods": self.pods,
+                               "pods": self.pods, "scheduler": self.scheduler,
                                "claim_name": self.claim_name})
+
+    def _workload_apis(self, resource_name: str, namespace: str) -> WorkloadApis | None:
+        """Whether Kubernetes schedules this job (its apiVersions) or nvlfabric's controller does
+        (None), from `scheduler` and, unless told, what the cluster offers at preview."""
+        a = self.args
+        if a.scheduler == "nvlfabric":
+            return None
+        try:
+            source = kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig"))
+            found: WorkloadApis | None = _probed(source, namespace)
+            unread = ""
+        except Exception as exc:  # an unreadable cluster: the user's word, or nvlfabric's controller
+            found, unread = None, f"{type(exc).__name__}: {exc}"
+        needs_composite = a.clique_groups > 1
+        why = ("the cluster does not serve scheduling.k8s.io Workload and PodGroup" if found is None and not unread
+               else found.why_not if found is not None and not found.usable
+               else "it serves no CompositePodGroup (gate CompositePodGroup), which a job over several cliques needs"
+               if found is not None and needs_composite and found.composite is None else "")
+        if a.scheduler == "auto":
+            if unread or why:
+                pulumi.log.info(f"BoundJob {a.name}: nvlfabric's controller places it ({unread or why})", resource=self)
+                return None
+            return found
+        if unread:  # scheduler=kubernetes and the cluster cannot be read yet: as the user says
+            pulumi.log.warn(f"BoundJob {a.name}: could not read the cluster ({unread}); assuming Kubernetes 1.37's "
+                            "workload scheduling is on", resource=self)
+            return DEFAULT_WORKLOAD_APIS
+        if why:
+            raise ComponentArgsError(
+                f"BoundJob {resource_name!r}: invalid arguments\n  scheduler: 'kubernetes', but {why}; turn the "
+                "gates on (GenericWorkload, TopologyAwareWorkloadScheduling, DRAWorkloadResourceClaims, "
+                "CompositePodGroup) and serve scheduling.k8s.io/v1beta1 and v1alpha3, or use scheduler='auto'")
+        return found
+
+
+SCHEDULING_KINDS: Final = ("Workload", "CompositePodGroup", "PodGroup")
+_probes: dict[tuple[str, str], WorkloadApis | None] = {}
+
+
+def _probed(source: str, namespace: str) -> WorkloadApis | None:
+    """`scheduling.probe`, once per cluster and namespace in a program."""
+    if (source, namespace) not in _probes:
+        _probes[source, namespace] = scheduling.probe(kube.client(source), namespace)
+    return _probes[source, namespace]

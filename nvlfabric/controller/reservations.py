@@ -33,6 +33,11 @@ about to be deallocated.
 
 Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
 
+Pods Kubernetes schedules as a gang (`spec.schedulingGroup`, BoundJob's `scheduler: kubernetes`)
+are not reserved or placed here: their claims are reserved for their PodGroup and kube-scheduler
+places the group. Such a pod carries the gate only when it is in a multi-clique job, for its rank:
+its gate lifts at once with the rank written.
+
 Where the pioneer goes (placement.py): before its gate lifts, the pioneer gets
 `nodeSelector: {nvlfabric.io/clique: X}` for a clique X where every pod of the claim fits at once
 and a channel is free, so the claim, and with it the whole group, lands there and not wherever a
@@ -116,6 +121,7 @@ class PendingPod:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[tuple[tuple[str, str], ...], ...] = ()
     rank: int | None = None  # a multi-clique job's pod whose rank is not written yet: the rank to write
+    pod_group: str = ""  # spec.schedulingGroup.podGroupName: Kubernetes places it (nothing to reserve)
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     return PendingPod(meta.get("namespace") or "default", meta["name"], meta["uid"], claims, gated,
                       str(meta.get("creationTimestamp") or ""), gpus=placement.gpus_of(pod), group_size=max(0, size),
                       rank=job_rank(meta),
+                      pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
                       node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
                       tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
                                         spec.get("tolerations") or []))
@@ -296,6 +303,8 @@ class Reserver:
         self._no_room: dict[Key, tuple[str, float]] = {}  # claim → (message, when) of its last Event
         self._lock = threading.Condition()
         self._pods: dict[str, PendingPod] = {}  # by uid
+        self._grouped: dict[str, PendingPod] = {}  # gated pods of Kubernetes' pod groups, by uid
+        self._retry: dict[str, PendingPod] = {}  # ... whose gate failed to lift: again at the resync
         self._claims: dict[Key, ClaimState] = {}
         self._dirty: set[Key] = set()
         self._pioneered: dict[Key, float] = {}  # claim → when its pioneer's gate was lifted
@@ -311,8 +320,13 @@ class Reserver:
         uid = (raw.get("metadata") or {}).get("uid", "")
         pod = None if kind == "DELETED" else pending_pod(raw)
         with self._lock:
-            if pod is None:
+            if pod is None or pod.pod_group:
                 self._pods.pop(uid, None)
+                self._grouped.pop(uid, None)
+                self._retry.pop(uid, None)
+                if pod is not None and pod.gated:  # Kubernetes places it: only its rank is ours to write
+                    self._grouped[uid] = pod
+                    self._lock.notify()
                 return
             if uid not in self._pods:
                 now = time.monotonic()
@@ -375,6 +389,10 @@ class Reserver:
         """Reserve, then release, every dirty claim (what the worker does after each pause)."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            grouped, self._grouped = list(self._grouped.values()), {}
+        lifted = {p.uid for p in self._ungate([(p, None) for p in grouped])}
+        with self._lock:
+            self._retry.update((p.uid, p) for p in grouped if p.uid not in lifted)
         for key in sorted(dirty):
             self._reserve(key)
         self._place(sorted(dirty))
@@ -557,9 +575,10 @@ class Reserver:
                     self._pioneered[key] = time.monotonic()
         return out
 
-    def _ungate(self, releases: list[tuple[PendingPod, str | None]]) -> None:
+    def _ungate(self, releases: list[tuple[PendingPod, str | None]]) -> list[PendingPod]:
+        """Lift the gates; returns the pods whose gate was lifted."""
         if not releases:
-            return
+            return []
         done = [p for (p, _), ok in zip(releases, self._pool.map(self._ungate_one, releases), strict=True) if ok]
         with self._lock:
             for p in done:
@@ -569,6 +588,7 @@ class Reserver:
         if done:
             log.info("lifted the channel-reservation gate of %d pods (%s/%s ...)", len(done), done[0].namespace,
                      done[0].name)
+        return done
 
     def _ungate_one(self, release: tuple[PendingPod, str | None]) -> bool:
         pod, clique = release
@@ -600,6 +620,8 @@ class Reserver:
         """Mark every claim with a gated user dirty (level-based: a lost event only delays)."""
         with self._lock:
             self._dirty.update((p.namespace, c) for p in self._pods.values() if p.gated for c in p.claims)
+            self._grouped.update(self._retry)
+            self._retry.clear()
 
     def run(self, stop: Callable[[], bool]) -> None:
         """Both watches in threads of their own; passes here until `stop()`."""
@@ -615,7 +637,7 @@ class Reserver:
                     self._resync()
                     last_resync = time.monotonic()
                 with self._lock:
-                    if not self._dirty:
+                    if not self._dirty and not self._grouped:
                         self._lock.wait(timeout=1.0)
                         continue
                 time.sleep(self.coalesce_s)

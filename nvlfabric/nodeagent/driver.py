@@ -538,9 +538,14 @@ class ChannelDriver:
         return gone
 
     def _held_here(self, claim: dict[str, Any]) -> bool:
-        """A pod on this node is among the claim's consumers."""
+        """A pod on this node is among the claim's consumers, itself or through its PodGroup (a
+        claim Kubernetes reserved for a whole pod group)."""
         namespace = (claim.get("metadata") or {}).get("namespace", "")
         for consumer in (claim.get("status") or {}).get("reservedFor") or []:
+            if consumer.get("resource") == "podgroups" and consumer.get("name"):
+                if self._group_here(namespace, consumer["name"]):
+                    return True
+                continue
             if consumer.get("resource") != "pods" or not consumer.get("name"):
                 continue
             try:
@@ -551,6 +556,11 @@ class ChannelDriver:
                     (pod.get("metadata") or {}).get("uid") == consumer.get("uid"):
                 return True
         return False
+
+    def _group_here(self, namespace: str, group: str) -> bool:
+        pods = self.client.list(kubeapi.path("v1", "pods", namespace=namespace),
+                                field_selector=f"spec.nodeName={self.node.name}")
+        return any(((p.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") == group for p in pods)
 
     def _recover(self) -> None:
         """Rebuild the checkpoint from the API server for claims whose CDI spec is on disk but which

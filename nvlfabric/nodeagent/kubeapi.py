@@ -236,8 +236,8 @@ class Client:
     def get(self, path: str) -> JSON:
         return self.request("GET", path)
 
-    def list(self, path: str, *, label_selector: str | None = None) -> list[JSON]:
-        query = {"labelSelector": label_selector} if label_selector else None
+    def list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None) -> list[JSON]:
+        query = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v} or None
         items: list[JSON] = []
         while True:
             page = self.request("GET", path, query=query)
