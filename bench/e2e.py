@@ -28,6 +28,13 @@ DaemonSet, controller; bench/fixtures/e2e) installed by a first `pulumi up` befo
   racks8`): 8 racks, 8 whole-rack domains of 18 pods x 4 GPUs NOT pinned to racks, in one
   `pulumi up`. racks8_domains_running_s: until all 144 pods run and all 8 domains are Ready.
   Goal ≤ 30 s. Both also report claims_split_across_cliques (goal 0) and cliques_used.
+- superpod (not in the default run either; `python bench/e2e.py superpod`): the same 8 racks,
+  576 GPUs as ONE job: a MultiClique domain of 8 cliques and one BoundJob of 144 pods x 4 GPUs.
+  superpod_running_s: until all 144 pods run and the domain is Ready. Goal ≤ 30 s.
+- racks8 and superpod also report what the driver costs while they run: <k>_agents_rss_sum_mb
+  (all node agents), <k>_keepers_rss_sum_mb, <k>_controller_cpu_s (both replicas' CPU seconds
+  during the timed `pulumi up`), and <k>_status_conflicts (409s the ComputeDomain status writes
+  met, from the agents' and the controller's logs; goal 0).
 
 Each scenario runs twice: with the Kubernetes components' defaults (the figures the goals are
 judged on), and again as `<scenario>_tuned_*` with a scheduler and controller manager tuned for
@@ -104,7 +111,9 @@ TIMEOUT_S = float(os.environ.get("NVLFABRIC_BENCH_E2E_TIMEOUT_S", "600"))
 RUN_TUNED = os.environ.get("NVLFABRIC_BENCH_E2E_TUNED", "1") != "0"
 GOALS = {"cd18_ready_s": 15.0, "job256_running_s": 30.0, "cd18_tuned_ready_s": 15.0,
          "job256_tuned_running_s": 30.0, "job288_running_s": 15.0, "job288_tuned_running_s": 15.0,
-         "racks8_domains_running_s": 30.0, "racks8_tuned_domains_running_s": 30.0}
+         "racks8_domains_running_s": 30.0, "racks8_tuned_domains_running_s": 30.0,
+         "superpod_running_s": 30.0, "superpod_tuned_running_s": 30.0, "racks8_status_conflicts": 0,
+         "superpod_status_conflicts": 0}
 # Racks of their own (loopback 127.10.<rack>.x, and the IMEX ports there), away from a demo's
 # (0, 1) and the tests' (90, 91, 150, 160, 200, 230-249).
 CD18_RACK = 170
@@ -190,6 +199,46 @@ def simulator(key: str, prefix: str, tmp: Path, racks: int, first_rack: int, res
         results[f"{key}_leftover_processes"] = len(left)
 
 
+def driver_processes(cp: ControlPlane) -> dict[str, list[int]]:
+    """The driver's processes of this simulator by role (agent, imex, controller): `python -m
+    nvlfabric <role>` whose working directory lies in the simulator's state."""
+    roles: dict[str, list[int]] = {"agent": [], "imex": [], "controller": []}
+    for pid in leftover_processes(cp):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if "nvlfabric" in words and words[-1] in roles:
+            roles[words[-1]].append(pid)
+    return roles
+
+
+def _rss_mb(pid: int) -> float:
+    with suppress(OSError):
+        for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cpu_s(pid: int) -> float:
+    with suppress(OSError, IndexError, ValueError):
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def status_conflicts(cp: ControlPlane) -> int:
+    """Conflicts (409) the agents and the controller logged writing ComputeDomain status."""
+    n = 0
+    for log in cp.state_dir.glob("nodes/*/pods/*/*.log"):
+        with suppress(OSError):
+            n += sum(1 for line in log.read_text(errors="replace").splitlines()
+                     if "onflict" in line and "ComputeDomain" in line)
+    return n
+
+
 def install_driver(sim: Sim, results: dict[str, float]) -> None:
     """`pulumi up` of the driver alone, then wait until every node can prepare channel claims."""
     say(f"{sim.key}: pulumi up (driver only; not timed)")
@@ -263,6 +312,8 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
             marks[key] = t
             say(f"{sim.key}:   {key.removesuffix('_s').replace('_', ' ')} at {t:.1f}s")
 
+    controllers = driver_processes(sim.cp)["controller"]
+    cpu0 = sum(_cpu_s(pid) for pid in controllers)
     t0 = time.monotonic()
     with log_path.open("w") as log:
         up = subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview"], cwd=p.workdir, env=p.env,
@@ -320,6 +371,11 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
         if up.poll() is None:
             up.terminate()
             up.wait(30)
+    marks["controller_cpu_s"] = sum(_cpu_s(pid) for pid in controllers) - cpu0
+    roles = driver_processes(sim.cp)
+    marks["agents_rss_sum_mb"] = sum(_rss_mb(pid) for pid in roles["agent"])
+    marks["keepers_rss_sum_mb"] = sum(_rss_mb(pid) for pid in roles["imex"])
+    marks["status_conflicts"] = status_conflicts(sim.cp)
     per_node = Counter(x.spec.nodeName for x in pods if x.spec)
     marks["nodes_used"] = len(per_node)
     marks["max_pods_per_node"] = max(per_node.values())
@@ -375,6 +431,18 @@ def racks8(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
             raise SystemExit(f"bench e2e: {key}: expected 8 domains in 8 cliques, got {marks}")
 
 
+def superpod(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """576 GPUs as ONE job: 144 pods x 4 GPUs, a MultiClique domain of 8 cliques, on 8 racks."""
+    key = "superpod_tuned" if tuned else "superpod"
+    with simulator(key, "superpod", tmp, racks=8, first_rack=RACKS8_FIRST_RACK, results=results,
+                   tuned=tuned) as sim:
+        install_driver(sim, results)
+        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True)
+        results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
+        if marks["claims_split_across_cliques"] or marks["cliques_used"] != 8 or marks["nodes_used"] != 144:
+            raise SystemExit(f"bench e2e: {key}: expected 8 groups in 8 cliques on 144 nodes, got {marks}")
+
+
 def job256(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
     key = "job256_tuned" if tuned else "job256"
     with simulator(key, "job256", tmp, racks=4, first_rack=JOB256_FIRST_RACK, results=results,
@@ -409,7 +477,7 @@ def profile(results: dict[str, float], key: str) -> None:
 
 def main() -> int:
     only = sys.argv[1:] or ["cd18", "job256", "job288"]
-    scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "racks8": racks8}
+    scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "racks8": racks8, "superpod": superpod}
     results: dict[str, float] = {}
 
     def save() -> None:
@@ -431,7 +499,8 @@ def main() -> int:
         goal = GOALS.get(k)
         verdict = "" if goal is None else f"  (goal ≤ {goal:g}: {'met' if v <= goal else 'MISSED'})"
         print(f"{k:38} {round(v, 2)}{verdict}")
-    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "racks8", "racks8_tuned"):
+    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "racks8", "racks8_tuned",
+                "superpod", "superpod_tuned"):
         profile(results, key)
     return 0
 

@@ -460,6 +460,8 @@ class BoundJob(pulumi.ComponentResource):
     namespace: pulumi.Output[str]
     pods: pulumi.Output[int]
     claim_name: pulumi.Output[str]
+    scheduler: pulumi.Output[str]
+    """Who places the pods: 'kubernetes' (its Workload and PodGroups) or 'nvlfabric' (the controller)."""
 
     def __init__(self, resource_name: str, *, compute_domain: ComputeDomain, pod_template: dict[str, Any],
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
