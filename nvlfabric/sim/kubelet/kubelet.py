@@ -413,6 +413,13 @@ class SimKubelet:
                     pod = await self.client.get(Pod, name, namespace=namespace)
             except errors.NotFound:
                 return
+            except errors.NvlfabricError as exc:
+                # An API server too busy to answer (seen: the client's connection pool timing out
+                # with 144 nodes starting on 2 cores) must not strand the pod: read it again.
+                log.warning("pod %s/%s: %s; retrying", namespace, name, exc)
+                await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+                attempt += 1
+                continue
             if pod.metadata is None or pod.metadata.uid != uid or pod.spec is None:
                 return
             state = self.nodes[pod.spec.nodeName or ""]
