@@ -17,6 +17,8 @@ from nvlfabric.api.names import COMPONENT_LABEL
 PART_OF: Final = {names.PART_OF_LABEL: names.PART_OF}
 
 M = TypeVar("M", bound=BaseModel)
+MAX_GOT: Final = 160
+"""A problem quotes the value it got up to this length (a whole pod template would bury the message)."""
 
 
 class ComponentArgsError(pulumi.RunError):
@@ -51,9 +53,13 @@ def validate(model: type[M], component: str, resource_name: str, values: dict[st
             hint = f" (expected: {field.description})" if field is not None and field.description else ""
             # (the input of a problem of the arguments as a whole is all of them: not worth repeating)
             got = "" if err["type"] in ("missing", "extra_forbidden") or not loc else f" (got {err.get('input')!r})"
-            msg = err["msg"]
+            if len(got) > MAX_GOT or (isinstance(err.get("input"), dict | list) and err["type"] == "value_error"):
+                got = ""  # a whole pod template, say: the message names the part that is wrong
+            msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = f"unknown argument; valid ones are {', '.join(model.model_fields)}"
+                valid = [n for n, f in model.model_fields.items()
+                         if not (isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("internal"))]
+                msg = f"unknown argument; valid ones are {', '.join(valid)}"
             problems.append((loc, f"{msg}{got}{hint}"))
         raise ComponentArgsError(
             f"{component} {resource_name!r}: invalid arguments\n"

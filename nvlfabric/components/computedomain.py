@@ -54,11 +54,11 @@ class ComputeDomain(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, name: str | None = None, namespace: str = "default",
                  spec: ComputeDomainSpec | dict[str, Any] | None = None, labels: dict[str, str] | None = None,
                  await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: float = 600.0,
-                 force_delete: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
+                 force_delete: bool = False, opts: pulumi.ResourceOptions | None = None, **unknown: Any) -> None:
         self.args = validate(ComputeDomainArgs, "ComputeDomain", resource_name, {
             "name": name if name is not None else resource_name, "namespace": namespace,
             "spec": spec if spec is not None else {}, "labels": labels or {}, "await_for": await_for,
-            "timeout_s": timeout_s, "force_delete": force_delete})
+            "timeout_s": timeout_s, "force_delete": force_delete, **unknown})
         super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
         a = self.args
         self.name, self.namespace = a.name, a.namespace

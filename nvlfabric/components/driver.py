@@ -25,7 +25,10 @@ from nvlfabric.api.names import COMPONENT_LABEL
 from nvlfabric.components._args import PART_OF, validate
 
 _ABS_PATH = r"^/[^\s]*$"
-_IMAGE = r"^[a-z0-9][^\s:@]*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+# [registry host[:port]/]path[:tag][@sha256:digest], as container image references are written.
+_IMAGE = (r"^([A-Za-z0-9][-A-Za-z0-9]*(\.[A-Za-z0-9][-A-Za-z0-9]*)*(:[0-9]{1,5})?/)?"
+          r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+          r"(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
 
 
 class NvlfabricDriverArgs(BaseModel):
@@ -136,11 +139,12 @@ class NvlfabricDriver(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, image: str = "nvlfabric/node-agent:0.1.0",
                  driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
                  channels_per_clique: int = 128, imex_modes: list[str] | None = None,
-                 labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
+                 labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None,
+                 **unknown: Any) -> None:
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
             "channels_per_clique": channels_per_clique, "labels": labels or {},
-            **({"imex_modes": imex_modes} if imex_modes is not None else {})})
+            **({"imex_modes": imex_modes} if imex_modes is not None else {}), **unknown})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)

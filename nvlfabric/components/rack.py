@@ -19,7 +19,7 @@ by themselves).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -47,9 +47,9 @@ class Nvl72RackArgs(BaseModel):
     name: str = Field(pattern=DNS_LABEL, max_length=63, description="the rack's name (a DNS label), e.g. rack-0")
     nodes: list[str] = Field(min_length=1, max_length=NODES_PER_CLIQUE,
                              description=f"the rack's Kubernetes node names, 1..{NODES_PER_CLIQUE} compute trays")
-    expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,40}[A-Za-z0-9])?$",
+    expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
                                         description="<clusterUuid>.<cliqueId> the rack's trays should report "
-                                                    "(a label value of at most 42 characters), or None")
+                                                    "(a label value of at most 63 characters), or None")
     label_nodes: bool = Field(True, description="label the rack's Nodes (nvlfabric.io/rack, expected clique)")
     taints: list[Taint] = Field(default_factory=list, description="taints for the rack's Nodes, e.g. "
                                 "[{key: nvidia.com/gpu, value: present, effect: NoSchedule}] (they replace the "
@@ -87,13 +87,20 @@ class Nvl72Rack(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, nodes: list[str], name: str | None = None,
                  expected_clique: str | None = None, label_nodes: bool = True,
                  taints: list[dict[str, str]] | None = None, observe: bool = True,
-                 gpu_resource: str = "nvidia.com/gpu", opts: pulumi.ResourceOptions | None = None) -> None:
+                 gpu_resource: str = "nvidia.com/gpu", opts: pulumi.ResourceOptions | None = None,
+                 **unknown: Any) -> None:
         self.args = validate(Nvl72RackArgs, "Nvl72Rack", resource_name, {
             "name": name if name is not None else resource_name, "nodes": nodes,
             "expected_clique": expected_clique, "label_nodes": label_nodes, "taints": taints or [],
-            "observe": observe, "gpu_resource": gpu_resource})
+            "observe": observe, "gpu_resource": gpu_resource, **unknown})
         super().__init__("nvlfabric:index:Nvl72Rack", resource_name, None, opts)
         a = self.args
+        view = self._observe() if a.observe else None
+        # A patch of a Node that does not exist would create one (server-side apply): a typo in
+        # `nodes` must not add a Node the scheduler then counts. So an observed rack patches only
+        # the Nodes it found (the others are named in the warning and in clique_mismatches);
+        # unobserved, every declared node is patched, as the user asked.
+        missing = {n.name for n in view.nodes if not n.exists} if view else set()
         if a.label_nodes:
             node_labels = {RACK_LABEL: a.name}
             if a.expected_clique:
@@ -101,11 +108,10 @@ class Nvl72Rack(pulumi.ComponentResource):
             spec = {"taints": [t.model_dump() for t in a.taints]} if a.taints else None
             self.patches = [k8s.core.v1.NodePatch(f"{resource_name}-{n}", metadata={"name": n, "labels": node_labels},
                                                   spec=spec, opts=pulumi.ResourceOptions(parent=self))
-                            for n in a.nodes]
+                            for n in a.nodes if n not in missing]
         self.nodes = pulumi.Output.from_input(list(a.nodes))
         self.gpus = pulumi.Output.from_input(len(a.nodes) * GPUS_PER_NODE)
         self.expected_clique = pulumi.Output.from_input(a.expected_clique)
-        view = self._observe() if a.observe else None
         self.discovered_cliques = pulumi.Output.from_input(view.cliques if view else None)
         self.clique_mismatches = pulumi.Output.from_input(list(view.mismatches) if view else None)
         self.free_gpus = pulumi.Output.from_input(view.free_gpus if view else None)

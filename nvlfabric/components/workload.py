@@ -137,6 +137,8 @@ class BoundJobArgs(BaseModel):
                                                      "until nvlfabric's controller has reserved the domain's channel "
                                                      "claim for it, so the pods do not race on the shared claim; "
                                                      "False leaves scheduling to kube-scheduler alone")
+    gpu_container: str | None = Field(None, description="the container that gets the pod's GPU limit (default: the "
+                                                         "first; sidecars and the others get the channel only)")
     master_port: int = Field(DEFAULT_MASTER_PORT, ge=1, le=65535,
                              description=f"the port rank 0 listens on for the launcher's rendezvous, 1..65535 "
                                          f"({MASTER_PORT_ENV} in the pods; {DEFAULT_MASTER_PORT} is torch's default)")
@@ -145,8 +147,9 @@ class BoundJobArgs(BaseModel):
                                                      "Kubernetes 1.37 with its gates on), 'nvlfabric' (nvlfabric's "
                                                      "controller) or 'auto' (kubernetes where the cluster offers it "
                                                      "at preview, else nvlfabric)")
-    clique_groups: int = Field(1, ge=1, description="how many clique groups the ComputeDomain has (from its "
-                                                    "placement.cliques; not an argument)")
+    clique_groups: int = Field(1, ge=1, json_schema_extra={"internal": True},
+                               description="how many clique groups the ComputeDomain has (from its "
+                                           "placement.cliques; not an argument)")
 
     @property
     def group_size(self) -> int:
@@ -162,6 +165,15 @@ class BoundJobArgs(BaseModel):
         for i, c in enumerate(spec["containers"]):
             if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
                 raise ValueError(f"spec.containers[{i}] needs a name and an image")
+        problems = template_shape_problems(tpl)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if spec.get("nodeName"):
+            raise ValueError("spec.nodeName is set: a pod with scheduling gates (and one whose clique nvlfabric or "
+                             "Kubernetes chooses) cannot name its node; leave it unset, or use nodeSelector")
+        if spec.get("schedulingGroup"):
+            raise ValueError("spec.schedulingGroup is set by BoundJob (the job's PodGroup when Kubernetes schedules "
+                             "it): leave it unset")
         if any(rc.get("name") == CLAIM_REF for rc in spec.get("resourceClaims") or []):
             raise ValueError(f"spec.resourceClaims already has an entry named {CLAIM_REF!r}, which BoundJob adds")
         # Rank 0's address is a pod DNS name under the workload's headless Service: another
@@ -174,6 +186,10 @@ class BoundJobArgs(BaseModel):
 
     @model_validator(mode="after")
     def _sizes(self) -> BoundJobArgs:
+        names_ = [c["name"] for c in self.pod_template["spec"]["containers"]]
+        if self.gpu_container is not None and self.gpu_container not in names_:
+            raise ValueError(f"gpu_container {self.gpu_container!r} is not a container of pod_template "
+                             f"(its containers: {', '.join(names_)})")
         restart = self.pod_template["spec"].get("restartPolicy")
         if self.kind in BATCH_KINDS and restart not in (None, "Never", "OnFailure"):
             raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Never or OnFailure")
@@ -202,13 +218,67 @@ class BoundJobArgs(BaseModel):
         return self
 
 
+#: The parts of a pod template BoundJob reads or extends, with the JSON type each must have.
+_TEMPLATE_SHAPE: Final[dict[str, type]] = {"metadata": dict, "metadata.labels": dict, "metadata.annotations": dict,
+                                           "spec.resourceClaims": list, "spec.schedulingGates": list,
+                                           "spec.initContainers": list, "spec.tolerations": list,
+                                           "spec.nodeSelector": dict}
+_CONTAINER_SHAPE: Final[dict[str, type]] = {"resources": dict, "resources.limits": dict, "resources.requests": dict,
+                                            "resources.claims": list, "env": list}
+_TYPE_NAMES: Final[dict[type, str]] = {dict: "a mapping", list: "a list"}
+
+
+def _shape_problems(obj: dict[str, Any], shape: dict[str, type], where: str) -> list[str]:
+    out = []
+    for path, want in shape.items():
+        value: Any = obj
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, want):  # null is as good as absent
+            out.append(f"{where}{path} must be {_TYPE_NAMES[want]} (got {value!r})")
+    return out
+
+
+def template_shape_problems(tpl: dict[str, Any]) -> list[str]:
+    """Parts of a pod template of the wrong JSON type, each as one line naming its path (pure):
+    BoundJob extends these (labels, claims, gates, limits), so a string where a list belongs is
+    refused here rather than failing inside the component."""
+    out = _shape_problems(tpl, _TEMPLATE_SHAPE, "")
+    spec = tpl.get("spec") or {}
+    out += _item_problems(spec, ("resourceClaims", "schedulingGates"), "spec.", named=True)
+    out += _item_problems(spec, ("tolerations",), "spec.", named=False)
+    for kind in ("initContainers", "containers"):
+        containers = spec.get(kind)
+        for i, c in enumerate(containers if isinstance(containers, list) else []):
+            if isinstance(c, dict):
+                where = f"spec.{kind}[{i}]."
+                out += _shape_problems(c, _CONTAINER_SHAPE, where)
+                out += _item_problems(c, ("env",), where, named=True)
+                if isinstance(c.get("resources"), dict):
+                    out += _item_problems(c["resources"], ("claims",), f"{where}resources.", named=True)
+            else:
+                out.append(f"spec.{kind}[{i}] must be a mapping (got {c!r})")
+    return out
+
+
+def _item_problems(obj: dict[str, Any], keys: tuple[str, ...], where: str, *, named: bool) -> list[str]:
+    """The items of the lists `obj[key]` that are not mappings (`named`: with a string name)."""
+    out = []
+    for key in keys:
+        items = obj.get(key)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(item, dict) or (named and not isinstance(item.get("name"), str)):
+                out.append(f"{where}{key}[{i}] must be a mapping{' with a name' if named else ''} (got {item!r})")
+    return out
+
+
 def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, group: int | None = None,
                        pod_group: str | None = None) -> dict[str, Any]:
     """The user's pod template with the domain's claim and the GPUs added (pure); `group`: the
     clique group of a MultiClique domain these pods form; `pod_group`: the PodGroup they belong
     to when Kubernetes schedules them (then the gate stays only for a multi-clique job's ranks)."""
     tpl = copy.deepcopy(args.pod_template)
-    meta = tpl.setdefault("metadata", {})
+    meta = tpl["metadata"] = tpl.get("metadata") or {}
     meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
     meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.group_size),
                            **({CLIQUE_GROUP_ANNOTATION: str(group)} if group is not None else {})}
@@ -222,13 +292,16 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
     gated = args.reservation_gate and (pod_group is None or args.clique_groups > 1)
     if gated and not any(g.get("name") == RESERVATION_GATE for g in gates):
         spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]
+    gpu_container = args.gpu_container or spec["containers"][0]["name"]
     for c in spec["containers"]:
-        res = c.setdefault("resources", {})
-        claims = res.setdefault("claims", [])
+        res = c["resources"] = c.get("resources") or {}  # (null is as good as absent)
+        claims = res["claims"] = res.get("claims") or []
         if not any(cl.get("name") == CLAIM_REF for cl in claims):
             claims.append({"name": CLAIM_REF})
-        if args.gpu_resource and args.gpus_per_pod:
-            res.setdefault("limits", {})[args.gpu_resource] = str(args.gpus_per_pod)
+        if args.gpu_resource and args.gpus_per_pod and c["name"] == gpu_container:
+            # One container holds the pod's GPUs: on every container (a sidecar too) a pod of
+            # gpus_per_pod would ask for that many times more.
+            res["limits"] = {**(res.get("limits") or {}), args.gpu_resource: str(args.gpus_per_pod)}
     return tpl
 
 
@@ -469,13 +542,15 @@ class BoundJob(pulumi.ComponentResource):
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
                  wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
                  master_port: int = DEFAULT_MASTER_PORT, scheduler: Scheduler = "auto",
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 gpu_container: str | None = None, opts: pulumi.ResourceOptions | None = None,
+                 **unknown: Any) -> None:
         groups = len(compute_domain.claims) if isinstance(compute_domain, ComputeDomain) else 1
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
-            "master_port": master_port, "scheduler": scheduler, "clique_groups": groups})
+            "master_port": master_port, "scheduler": scheduler, "gpu_container": gpu_container,
+            "clique_groups": groups, **unknown})  # an unknown keyword is named with the valid ones
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "

@@ -51,7 +51,8 @@ def summarize(nodes: Sequence[NodeView], expected_clique: str | None) -> RackVie
     """Which cliques the rack's nodes are in, what disagrees, and how many GPUs are free (pure)."""
     cliques = {n.name: n.clique for n in nodes}
     found = {c for c in cliques.values() if c}
-    problems = [f"{n.name}: no such Node" for n in nodes if not n.exists]
+    problems = [f"{n.name}: no such Node (nothing is labelled or tainted there: check the name)" for n in nodes
+                if not n.exists]
     problems += [f"{n.name}: no clique discovered (NVLink fabric not ready)" for n in nodes
                  if n.exists and not n.clique]
     if expected_clique:

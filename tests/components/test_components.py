@@ -119,7 +119,9 @@ def test_job_manifest_binds_every_container_to_the_domain_claim() -> None:
     spec = job["spec"]["template"]["spec"]
     assert spec["resourceClaims"] == [{"name": "channel", "resourceClaimName": "cd-channel"}]
     assert [c["resources"]["claims"] for c in spec["containers"]] == [[{"name": "channel"}]] * 2
-    assert spec["containers"][1]["resources"]["limits"] == {"cpu": "1", "nvidia.com/gpu": "2"}
+    # The pod's GPUs on one container (the first), not on each: the pod asks for 2, not 4.
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert spec["containers"][1]["resources"]["limits"] == {"cpu": "1"}
     assert spec["restartPolicy"] == "Never"
     assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
     assert job["metadata"]["annotations"] == {"pulumi.com/waitFor": "jsonpath={.metadata.uid}",

@@ -18,6 +18,8 @@ from tests.conftest import Cluster
 
 A, B = "0b6a3ad6-0d1e-4c6e-9d2c-6f0e1f2a3b4c.1", "0b6a3ad6-0d1e-4c6e-9d2c-6f0e1f2a3b4c.2"
 
+MISSING = "{}: no such Node (nothing is labelled or tainted there: check the name)"
+
 
 def view(name: str, clique: str | None, *, alloc: int = 4, used: int = 0, exists: bool = True) -> racks.NodeView:
     return racks.NodeView(name=name, exists=exists, ready=exists, clique=clique, fabric_ready=clique is not None,
@@ -32,7 +34,7 @@ def test_a_rack_in_its_declared_clique_has_no_mismatch_and_counts_free_gpus() ->
 
 def test_mismatches_name_the_node_and_what_is_wrong() -> None:
     out = racks.summarize([view("n0", A), view("n1", B), view("n2", None), view("n3", None, exists=False)], A)
-    assert out.mismatches == ("n3: no such Node", "n2: no clique discovered (NVLink fabric not ready)",
+    assert out.mismatches == (MISSING.format("n3"), "n2: no clique discovered (NVLink fabric not ready)",
                               f"n1: in clique {B}, not the declared {A}")
     undeclared = racks.summarize([view("n0", A), view("n1", B)], None)
     assert len(undeclared.mismatches) == 1 and "report 2 cliques" in undeclared.mismatches[0]
@@ -69,4 +71,4 @@ def test_observe_reads_cliques_and_gpu_use_from_the_api_server(cluster: Cluster,
     out = racks.summarize(racks.observe(client, [*nodes, "rk-missing"], gpu_resource="nvidia.com/gpu"), A)
     assert out.cliques == {nodes[0]: A, nodes[1]: B, "rk-missing": None}
     assert out.free_gpus == 1 + 4
-    assert out.mismatches == ("rk-missing: no such Node", f"{nodes[1]}: in clique {B}, not the declared {A}")
+    assert out.mismatches == (MISSING.format("rk-missing"), f"{nodes[1]}: in clique {B}, not the declared {A}")

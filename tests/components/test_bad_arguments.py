@@ -1,0 +1,170 @@
+"""Bad arguments are refused in one line naming the field (issue 17), and valid ones accepted:
+pod template parts of the wrong type, a node name, unknown keywords, image references with a
+registry port, clique ids as long as the hardware gives; a sidecar does not multiply the pod's
+GPUs; a rack patches only Nodes that exist. In-process with Pulumi's mocks (what `pulumi
+preview` runs), plus a fuzz test of pod templates."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pulumi
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, workload
+from nvlfabric.components._args import ComponentArgsError, validate
+from nvlfabric.components.workload import BoundJobArgs, bound_pod_template
+from tests.conftest import Cluster
+
+CONTAINER = {"name": "worker", "image": "registry.invalid/train:1"}
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.created.append(f"{args.typ}::{args.name}")
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+@pytest.fixture(autouse=True)
+def mocks(monkeypatch: pytest.MonkeyPatch) -> _Mocks:
+    m = _Mocks()
+    pulumi.runtime.set_mocks(m, preview=True)
+    monkeypatch.setattr(workload, "_probed", lambda source, namespace: None)  # no cluster scheduling here
+    return m
+
+
+def _refused(fn: Any, *args: Any, **kwargs: Any) -> str:
+    with pytest.raises(ComponentArgsError) as err:
+        fn(*args, **kwargs)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("spec_part, words", [
+    ({"resourceClaims": "x"}, "pod_template: spec.resourceClaims must be a list (got 'x')"),
+    ({"schedulingGates": ["x"]}, "pod_template: spec.schedulingGates[0] must be a mapping with a name (got 'x')"),
+    ({"containers": [{**CONTAINER, "resources": "x"}]},
+     "pod_template: spec.containers[0].resources must be a mapping (got 'x')"),
+    ({"containers": [{**CONTAINER, "resources": {"limits": ["x"]}}]},
+     "pod_template: spec.containers[0].resources.limits must be a mapping"),
+    ({"containers": [{**CONTAINER, "env": {"A": "1"}}]}, "pod_template: spec.containers[0].env must be a list"),
+    ({"initContainers": ["x"]}, "pod_template: spec.initContainers[0] must be a mapping (got 'x')"),
+    ({"nodeName": "node-7"}, "pod_template: spec.nodeName is set"),
+    ({"schedulingGroup": {"podGroupName": "g"}}, "pod_template: spec.schedulingGroup is set by BoundJob"),
+])
+def test_a_pod_template_part_of_the_wrong_kind_is_refused_naming_its_path(spec_part: dict[str, Any],
+                                                                          words: str) -> None:
+    msg = _refused(BoundJob, "train", compute_domain=ComputeDomain("cd"),
+                   pod_template={"spec": {"containers": [CONTAINER], **spec_part}})
+    assert msg.startswith("BoundJob 'train': invalid arguments\n  ") and words in msg, msg
+    assert "Value error" not in msg and "{'spec'" not in msg  # the part, not the whole template
+
+
+def test_metadata_that_is_not_a_mapping_is_refused() -> None:
+    msg = _refused(BoundJob, "train", compute_domain=ComputeDomain("cd"),
+                   pod_template={"metadata": "x", "spec": {"containers": [CONTAINER]}})
+    assert "pod_template: metadata must be a mapping (got 'x')" in msg
+
+
+def test_null_parts_are_as_good_as_absent() -> None:
+    tpl = {"metadata": {"labels": None}, "spec": {"resourceClaims": None, "containers": [
+        {**CONTAINER, "resources": {"limits": None, "claims": None}}]}}
+    job = BoundJob("train", compute_domain=ComputeDomain("cd"), pod_template=tpl, gpus_per_pod=2)
+    (c,) = bound_pod_template(job.args, claim_name="cd-channel", domain="cd")["spec"]["containers"]
+    assert c["resources"] == {"claims": [{"name": "channel"}], "limits": {"nvidia.com/gpu": "2"}}
+
+
+@pytest.mark.parametrize("component, kwargs, name", [
+    (BoundJob, {"pod_template": {"spec": {"containers": [CONTAINER]}}, "replicas": 3}, "replicas"),
+    (ComputeDomain, {"adopt": True}, "adopt"),
+    (NvlfabricDriver, {"channels": 8}, "channels"),
+    (Nvl72Rack, {"nodes": ["n0"], "observe": False, "racks": 2}, "racks"),
+])
+def test_an_unknown_keyword_is_named_with_the_valid_ones(component: Any, kwargs: dict[str, Any], name: str) -> None:
+    if component is BoundJob:
+        kwargs = {**kwargs, "compute_domain": ComputeDomain("cd")}
+    msg = _refused(component, "x", **kwargs)
+    assert f"  {name}: unknown argument; valid ones are " in msg, msg
+    assert "clique_groups" not in msg  # internal: not an argument
+
+
+def test_a_sidecar_gets_the_channel_but_not_the_pods_gpus() -> None:
+    tpl = {"spec": {"containers": [CONTAINER, {"name": "logs", "image": "registry.invalid/logs:1"}]}}
+    args = BoundJobArgs(name="train", pod_template=tpl, gpus_per_pod=4)
+    worker, logs = bound_pod_template(args, claim_name="c", domain="d")["spec"]["containers"]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert "limits" not in logs["resources"] and logs["resources"]["claims"] == [{"name": "channel"}]
+    other = BoundJobArgs(name="train", pod_template=tpl, gpus_per_pod=4, gpu_container="logs")
+    worker, logs = bound_pod_template(other, claim_name="c", domain="d")["spec"]["containers"]
+    assert "limits" not in worker["resources"] and logs["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    msg = _refused(BoundJob, "train", compute_domain=ComputeDomain("cd"), pod_template=tpl, gpu_container="gpu")
+    assert "gpu_container 'gpu' is not a container of pod_template (its containers: worker, logs)" in msg
+
+
+@pytest.mark.parametrize("image", ["localhost:5000/nvlfabric/node-agent:0.1.0", "registry.example.com:443/a/b:v1",
+                                   "ghcr.io/org/agent@sha256:" + "a" * 64, "nvlfabric/node-agent"])
+def test_image_references_with_a_registry_port_or_a_digest_are_accepted(image: str) -> None:
+    assert NvlfabricDriver("driver", image=image).args.image == image
+
+
+@pytest.mark.parametrize("image", ["Nvlfabric/Agent:1", "agent:1:2", "a b", ""])
+def test_malformed_image_references_are_refused(image: str) -> None:
+    assert "image:" in _refused(NvlfabricDriver, "driver", image=image)
+
+
+def test_a_clique_id_as_long_as_nvml_gives_is_accepted() -> None:
+    clique = "08de8ac3-4935-5c92-a431-83c8c0b40e16.4294967295"  # a cluster UUID and a 32-bit clique id
+    assert Nvl72Rack("r", nodes=["n0"], expected_clique=clique, observe=False).args.expected_clique == clique
+    assert "expected_clique:" in _refused(Nvl72Rack, "r", nodes=["n0"], expected_clique="x" * 64, observe=False)
+
+
+@pytest.mark.cluster
+def test_an_observed_rack_patches_only_the_nodes_that_exist(cluster: Cluster, mocks: _Mocks,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvlfabric.sim.cluster import delete_nodes, make_ready_nodes
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    real = f"bad-{uuid.uuid4().hex[:5]}"
+    make_ready_nodes(cluster.client, {real: {}})
+    try:
+        rack = Nvl72Rack("rack", nodes=[real, "no-such-node"])
+        assert [p._name for p in rack.patches] == [f"rack-{real}"]  # type: ignore[attr-defined]
+        unobserved = Nvl72Rack("blind", nodes=[real, "no-such-node"], observe=False)
+        assert len(unobserved.patches) == 2  # the user's word: nothing was read
+    finally:
+        delete_nodes(cluster.client, [real])
+
+
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4))
+json_value = st.recursive(json_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["name", "image", "limits", "claims", "x"]), inner,
+                                                 max_size=3)), max_leaves=8)
+container = st.fixed_dictionaries({"name": st.just("w"), "image": st.just("img")}, optional={
+    "resources": json_value, "env": json_value})
+template = st.fixed_dictionaries({"spec": st.fixed_dictionaries({"containers": st.lists(container, min_size=1,
+                                                                                        max_size=2)}, optional={
+    "resourceClaims": json_value, "schedulingGates": json_value, "initContainers": json_value,
+    "tolerations": json_value, "nodeSelector": json_value})}, optional={"metadata": json_value})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tpl=template)
+def test_any_pod_template_is_either_refused_naming_a_field_or_bound(tpl: dict[str, Any]) -> None:
+    """Never a raw exception: refused with a field, or bound with the claim and the GPUs."""
+    try:
+        args = validate(BoundJobArgs, "BoundJob", "fuzz", {"name": "fuzz", "pod_template": tpl})
+    except ComponentArgsError as exc:
+        assert "\n  pod_template" in str(exc), str(exc)
+        return
+    out = workload.workload_manifests(args, namespace="ml", claim_name="c", domain="d")[-1]["spec"]["template"]
+    first = out["spec"]["containers"][0]
+    assert first["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {"name": "channel", "resourceClaimName": "c"} in out["spec"]["resourceClaims"]
