@@ -109,3 +109,13 @@ def stuck_deletions(cp: ControlPlane, client: Client, namespace: str = "default"
     log = cp.state_dir / "logs" / "sim-kubelet.log"
     tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
     return "\n".join([*lines, "--- sim-kubelet.log", *tail])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_program() -> Iterator[None]:
+    """Each test declares its components as a program of its own (names taken, drivers' modes)."""
+    from nvlfabric.components import program
+
+    program.reset()
+    yield
+    program.reset()

@@ -12,8 +12,8 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names
-from nvlfabric.api.names import DNS_LABEL, MAX_PODS_PER_CLAIM
-from nvlfabric.components import served
+from nvlfabric.api.names import DNS_LABEL, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
+from nvlfabric.components import program, served
 from nvlfabric.components._args import ComponentArgsError, labels, validate
 from nvlfabric.provider.await_ import AwaitFor
 from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
@@ -59,8 +59,10 @@ class ComputeDomain(pulumi.ComponentResource):
             "name": name if name is not None else resource_name, "namespace": namespace,
             "spec": spec if spec is not None else {}, "labels": labels or {}, "await_for": await_for,
             "timeout_s": timeout_s, "force_delete": force_delete, **unknown})
-        super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
         a = self.args
+        program.take("ComputeDomain", a.namespace, a.name, component="ComputeDomain", resource_name=resource_name)
+        program.domain_mode(resource_name, a.name, a.spec.imex_mode.value)
+        super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
         self.name, self.namespace = a.name, a.namespace
         # Known from the arguments (preview included), unlike the `claim_name` output, which is
         # unknown while the domain itself changes: workloads use this, so a change of the domain
@@ -69,6 +71,7 @@ class ComputeDomain(pulumi.ComponentResource):
         self.claims: list[str] = channel_claim_names(a.name, a.spec)
         """Every channel claim, one per clique group (a single-clique domain: [claim])."""
         self.bound_pods = 0
+        self.bound_gpus: dict[str, int] = {}  # workload → its GPUs in each clique group
         # In the component provider the plugin serves the object itself (nvlfabric.components.served).
         resource_class = served.ComputeDomain if served.serving() else ComputeDomainResource
         self.resource = resource_class(
@@ -87,9 +90,10 @@ class ComputeDomain(pulumi.ComponentResource):
                                "members": self.members, "phase": self.phase, "ready_nodes": self.ready_nodes,
                                "total_nodes": self.total_nodes})
 
-    def bind(self, workload: str, pods: int) -> None:
-        """Record `pods` more pods of `workload` using each of this domain's claims; refuse past 256, and
-        refuse a domain that awaits Ready (it would wait for pods that are created after it)."""
+    def bind(self, workload: str, pods: int, gpus_per_pod: int = 0) -> None:
+        """Record `pods` more pods of `workload` (with `gpus_per_pod` each) using each of this domain's
+        claims; refuse past 256 pods, past one clique's GPUs in a clique group (all of a group's pods
+        are in one clique), and a domain that awaits Ready (it would wait for pods created after it)."""
         if self.args.await_for is AwaitFor.READY:
             raise ComponentArgsError(
                 f"ComputeDomain {self.name!r}: await_for='Ready' with workload {workload!r} bound to it: the domain "
@@ -102,7 +106,16 @@ class ComputeDomain(pulumi.ComponentResource):
                 f"ComputeDomain {self.name!r}: binding {workload!r} would make {self.bound_pods + pods} pods use "
                 f"its channel claim; a claim can be reserved for at most {MAX_PODS_PER_CLAIM} pods. Split the "
                 "workload over several ComputeDomains or use fewer, larger pods")
+        gpus = {**self.bound_gpus, workload: self.bound_gpus.get(workload, 0) + pods * gpus_per_pod}
+        if sum(gpus.values()) > GPUS_PER_CLIQUE:
+            each = ", ".join(f"{w} {g}" for w, g in gpus.items())
+            raise ComponentArgsError(
+                f"ComputeDomain {self.name!r}: binding {workload!r} would put {sum(gpus.values())} GPUs in each of its "
+                f"clique groups ({each}); a group lives in one NVL72 clique, which has {GPUS_PER_CLIQUE}: the "
+                "last pods would stay Pending while the domain says Ready. Use fewer pods or GPUs, another "
+                "ComputeDomain, or placement MultiClique with more cliques")
         self.bound_pods += pods
+        self.bound_gpus = gpus
 
 
 def _labels(extra: dict[str, str]) -> dict[str, str]:

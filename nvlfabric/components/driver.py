@@ -22,6 +22,7 @@ from nvlfabric import manifests
 from nvlfabric.api import names
 from nvlfabric.api.computedomain import IMEXMode
 from nvlfabric.api.names import COMPONENT_LABEL
+from nvlfabric.components import program
 from nvlfabric.components._args import PART_OF, validate
 
 _ABS_PATH = r"^/[^\s]*$"
@@ -145,6 +146,7 @@ class NvlfabricDriver(pulumi.ComponentResource):
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
             "channels_per_clique": channels_per_clique, "labels": labels or {},
             **({"imex_modes": imex_modes} if imex_modes is not None else {}), **unknown})
+        program.driver_modes(resource_name, {m.value for m in self.args.imex_modes})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)

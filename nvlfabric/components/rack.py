@@ -26,7 +26,7 @@ import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
-from nvlfabric.components import capacity
+from nvlfabric.components import capacity, program
 from nvlfabric.components._args import validate
 from nvlfabric.provider import kube, racks
 
@@ -102,6 +102,8 @@ class Nvl72Rack(pulumi.ComponentResource):
         # unobserved, every declared node is patched, as the user asked.
         missing = {n.name for n in view.nodes if not n.exists} if view else set()
         if a.label_nodes:
+            for n in a.nodes:  # a node labelled by two racks: two owners of its nvlfabric.io/rack label
+                program.take("Node", "", n, component="Nvl72Rack", resource_name=resource_name)
             node_labels = {RACK_LABEL: a.name}
             if a.expected_clique:
                 node_labels[EXPECTED_CLIQUE_LABEL] = a.expected_clique

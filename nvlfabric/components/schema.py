@@ -88,7 +88,9 @@ class Exposed:
     def params(self) -> dict[str, inspect.Parameter]:
         """The constructor's keyword parameters other than resource_name and opts."""
         sig = inspect.signature(self.cls.__init__)
-        return {n: p for n, p in sig.parameters.items() if n not in _SKIPPED_PARAMS}
+        # (`**unknown` only carries a mistyped keyword into validation, which names it)
+        return {n: p for n, p in sig.parameters.items()
+                if n not in _SKIPPED_PARAMS and p.kind is not inspect.Parameter.VAR_KEYWORD}
 
     @cached_property
     def param_types(self) -> dict[str, Any]:

@@ -80,7 +80,7 @@ from nvlfabric.api.names import (
     WORKLOAD_LABEL,
     WORLD_SIZE_ENV,
 )
-from nvlfabric.components import capacity
+from nvlfabric.components import capacity, program
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
 from nvlfabric.components.computedomain import ComputeDomain
@@ -555,7 +555,10 @@ class BoundJob(pulumi.ComponentResource):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
                 f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
-        compute_domain.bind(self.args.name, self.args.group_size)
+        compute_domain.bind(self.args.name, self.args.group_size,
+                            self.args.gpus_per_pod if self.args.gpu_resource else 0)
+        program.take("workload", compute_domain.namespace, self.args.name, component="BoundJob",
+                     resource_name=resource_name)
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
         short = capacity.shortfall(self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
                                    gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0,

@@ -168,3 +168,48 @@ def test_any_pod_template_is_either_refused_naming_a_field_or_bound(tpl: dict[st
     first = out["spec"]["containers"][0]
     assert first["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert {"name": "channel", "resourceClaimName": "c"} in out["spec"]["resourceClaims"]
+
+
+# -- checks across the components of one program ---------------------------------------------------
+
+def test_two_domains_or_two_workloads_of_one_name_are_refused_naming_the_first() -> None:
+    ComputeDomain("a", name="train")
+    msg = _refused(ComputeDomain, "b", name="train")
+    assert "ComputeDomain 'b': invalid arguments\n  name: ComputeDomain default/train is already declared by " \
+           "ComputeDomain 'a' in this program" in msg
+    ComputeDomain("c", name="train", namespace="ml")  # another namespace: another object
+    cd = ComputeDomain("d", name="other")
+    BoundJob("j1", name="job", compute_domain=cd, pod_template={"spec": {"containers": [CONTAINER]}}, gpus_per_pod=1)
+    msg = _refused(BoundJob, "j2", name="job", compute_domain=cd, pod_template={"spec": {"containers": [CONTAINER]}},
+                   gpus_per_pod=1)
+    assert "workload default/job is already declared by BoundJob 'j1'" in msg
+
+
+def test_a_node_in_two_racks_is_refused() -> None:
+    Nvl72Rack("rack-a", nodes=["n0", "n1"], observe=False)
+    assert "Node /n1 is already declared by Nvl72Rack 'rack-a'" in _refused(Nvl72Rack, "rack-b", nodes=["n1"],
+                                                                            observe=False)
+
+
+def test_workloads_that_together_need_more_than_a_clique_are_refused() -> None:
+    cd = ComputeDomain("cd", spec={"numNodes": 18})
+    BoundJob("big", compute_domain=cd, pod_template={"spec": {"containers": [CONTAINER]}}, parallelism=18)
+    msg = _refused(BoundJob, "extra", compute_domain=cd, pod_template={"spec": {"containers": [CONTAINER]}})
+    assert "binding 'extra' would put 76 GPUs in each of its clique groups (big 72, extra 4)" in msg
+    assert "which has 72" in msg
+
+
+@pytest.mark.parametrize("driver_first", [True, False])
+def test_a_domain_mode_no_declared_driver_allows_is_refused(driver_first: bool) -> None:
+    def driver() -> None:
+        NvlfabricDriver("nvlfabric", imex_modes=["Dedicated"])
+
+    if driver_first:
+        driver()
+        msg = _refused(ComputeDomain, "train")
+    else:
+        ComputeDomain("train")
+        msg = _refused(driver)
+    assert "ComputeDomain 'train': invalid arguments\n  spec.imexMode: CliqueScoped (domain train) is not allowed " \
+           "by the program's NvlfabricDriver 'nvlfabric' (imex_modes: Dedicated)" in msg
+    assert "use imexMode Dedicated, or add CliqueScoped to the driver's imex_modes" in msg

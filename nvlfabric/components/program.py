@@ -1,0 +1,59 @@
+"""What one program declares, for the checks at preview that span components.
+
+A Pulumi program (a Python program, or the component provider serving one engine operation) runs
+in a process of its own, so this registry holds exactly what the program declared so far:
+- the Kubernetes objects taken by name: two components with the same ComputeDomain or workload
+  name in one namespace would manage one object from two resources (at `up`: a field conflict, or
+  "this stack did not create it"); the second is refused, naming the first;
+- the IMEX modes each NvlfabricDriver allows and each ComputeDomain needs: a domain whose mode no
+  declared driver allows would hold its channel while every prepare fails.
+Checked both ways (a domain declared before the driver is judged when the driver comes).
+"""
+
+from __future__ import annotations
+
+from nvlfabric.components._args import ComponentArgsError
+
+_NAMES: dict[tuple[str, str, str], tuple[str, str]] = {}  # (kind, namespace, name) → (component, resource)
+_DRIVER_MODES: dict[str, set[str]] = {}  # driver resource → its imex_modes
+_DOMAIN_MODES: dict[str, tuple[str, str]] = {}  # ComputeDomain resource → (its name, imexMode)
+
+
+def take(kind: str, namespace: str, name: str, *, component: str, resource_name: str) -> None:
+    """Record that `resource_name` manages the `kind` object `namespace/name`; refuse a second."""
+    key = (kind, namespace, name)
+    if key in _NAMES:
+        first_component, first = _NAMES[key]
+        raise ComponentArgsError(
+            f"{component} {resource_name!r}: invalid arguments\n  name: {kind} {namespace}/{name} is already "
+            f"declared by {first_component} {first!r} in this program; two resources cannot manage one object: "
+            "give one of them another name (or namespace)")
+    _NAMES[key] = (component, resource_name)
+
+
+def driver_modes(resource_name: str, modes: set[str]) -> None:
+    _DRIVER_MODES[resource_name] = modes
+    for domain, (name, mode) in _DOMAIN_MODES.items():
+        _check(domain, name, mode)
+
+
+def domain_mode(resource_name: str, name: str, mode: str) -> None:
+    _DOMAIN_MODES[resource_name] = (name, mode)
+    _check(resource_name, name, mode)
+
+
+def _check(resource_name: str, name: str, mode: str) -> None:
+    if _DRIVER_MODES and not any(mode in modes for modes in _DRIVER_MODES.values()):
+        allowed = sorted({m for modes in _DRIVER_MODES.values() for m in modes})
+        drivers = ", ".join(repr(d) for d in _DRIVER_MODES)
+        raise ComponentArgsError(
+            f"ComputeDomain {resource_name!r}: invalid arguments\n  spec.imexMode: {mode} (domain {name}) is not "
+            f"allowed by the program's NvlfabricDriver {drivers} (imex_modes: {', '.join(allowed)}); every prepare "
+            f"of its channel would fail: use imexMode {allowed[0]}, or add {mode} to the driver's imex_modes")
+
+
+def reset() -> None:
+    """Forget everything (a test's fresh program)."""
+    _NAMES.clear()
+    _DRIVER_MODES.clear()
+    _DOMAIN_MODES.clear()
