@@ -89,6 +89,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import httpx2  # noqa: E402
 from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 from lightkube.resources.batch_v1 import Job  # noqa: E402
@@ -346,12 +347,18 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
                     raise SystemExit(f"bench e2e: pulumi up failed (exit {up.returncode}):\n"
                                      + log_path.read_text()[-4000:])
             c = sim.client
-            domains: dict[str, dict[str, Any]] = {
-                str(cd.metadata.name): dict(cd.status or {})  # type: ignore[arg-type]
-                for cd in c.list(ComputeDomainResource, namespace=NAMESPACE) if cd.metadata}
-            jobs = list(c.list(Job, namespace=NAMESPACE))
-            claims = list(c.list(ResourceClaim, namespace=NAMESPACE))
-            pods = list(c.list(Pod, namespace=NAMESPACE))
+            try:
+                domains: dict[str, dict[str, Any]] = {
+                    str(cd.metadata.name): dict(cd.status or {})  # type: ignore[arg-type]
+                    for cd in c.list(ComputeDomainResource, namespace=NAMESPACE) if cd.metadata}
+                jobs = list(c.list(Job, namespace=NAMESPACE))
+                claims = list(c.list(ResourceClaim, namespace=NAMESPACE))
+                pods = list(c.list(Pod, namespace=NAMESPACE))
+            except httpx2.HTTPError as exc:  # an API server too busy to answer the bench's own reads
+                say(f"{sim.key}: [{now:5.1f}s] reading the cluster failed ({type(exc).__name__}); polling again")
+                if now > TIMEOUT_S:
+                    raise SystemExit(f"bench e2e: {sim.key}: no answer from the API server after {now:.0f}s") from exc
+                continue
             scheduled = [x for x in pods if x.spec and x.spec.nodeName]
             running = [x for x in pods if x.status and x.status.phase == "Running"]
             allocated = [x for x in claims if x.status and x.status.allocation]
