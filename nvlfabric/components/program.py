@@ -17,6 +17,7 @@ from nvlfabric.components._args import ComponentArgsError
 _NAMES: dict[tuple[str, str, str], tuple[str, str]] = {}  # (kind, namespace, name) → (component, resource)
 _DRIVER_MODES: dict[str, set[str]] = {}  # driver resource → its imex_modes
 _DOMAIN_MODES: dict[str, tuple[str, str]] = {}  # ComputeDomain resource → (its name, imexMode)
+_TAINTS: list[dict[str, str]] = []  # what the declared racks taint their Nodes with
 
 
 def take(kind: str, namespace: str, name: str, *, component: str, resource_name: str) -> None:
@@ -52,8 +53,19 @@ def _check(resource_name: str, name: str, mode: str) -> None:
             f"of its channel would fail: use imexMode {allowed[0]}, or add {mode} to the driver's imex_modes")
 
 
+def rack_taints(taints: list[dict[str, str]]) -> None:
+    """Record a rack's taints: the workloads declared after it tolerate them, or their pods could
+    never be placed on the rack they were declared for."""
+    _TAINTS.extend(t for t in taints if t not in _TAINTS)
+
+
+def declared_taints() -> list[dict[str, str]]:
+    return list(_TAINTS)
+
+
 def reset() -> None:
     """Forget everything (a test's fresh program)."""
+    _TAINTS.clear()
     _NAMES.clear()
     _DRIVER_MODES.clear()
     _DOMAIN_MODES.clear()

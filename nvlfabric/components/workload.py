@@ -272,6 +272,30 @@ def _item_problems(obj: dict[str, Any], keys: tuple[str, ...], where: str, *, na
     return out
 
 
+def tolerating(tpl: dict[str, Any], taints: list[dict[str, str]]) -> dict[str, Any]:
+    """`tpl` with a toleration for each of `taints` it does not tolerate yet (pure): the taints the
+    program's racks put on their Nodes, which the job's pods must tolerate to run there."""
+    out = copy.deepcopy(tpl)
+    spec = out["spec"]
+    have = list(spec.get("tolerations") or [])
+
+    def tolerated(t: dict[str, str]) -> bool:
+        for h in have:
+            if h.get("operator") == "Exists":
+                key = h.get("key") in (None, "", t["key"])
+            else:
+                key = h.get("key") == t["key"] and h.get("value", "") == t.get("value", "")
+            if key and h.get("effect") in (None, "", t["effect"]):
+                return True
+        return False
+
+    added = [{"key": t["key"], "operator": "Equal", "value": t.get("value", ""), "effect": t["effect"]}
+             for t in taints if not tolerated(t)]
+    if added:
+        spec["tolerations"] = [*have, *added]
+    return out
+
+
 def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, group: int | None = None,
                        pod_group: str | None = None) -> dict[str, Any]:
     """The user's pod template with the domain's claim and the GPUs added (pure); `group`: the
@@ -555,6 +579,8 @@ class BoundJob(pulumi.ComponentResource):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
                 f"nvlfabric.ComputeDomain (got {type(compute_domain).__name__})")
+        if taints := program.declared_taints():
+            self.args = self.args.model_copy(update={"pod_template": tolerating(self.args.pod_template, taints)})
         compute_domain.bind(self.args.name, self.args.group_size,
                             self.args.gpus_per_pod if self.args.gpu_resource else 0)
         program.take("workload", compute_domain.namespace, self.args.name, component="BoundJob",

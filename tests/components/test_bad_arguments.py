@@ -213,3 +213,14 @@ def test_a_domain_mode_no_declared_driver_allows_is_refused(driver_first: bool) 
     assert "ComputeDomain 'train': invalid arguments\n  spec.imexMode: CliqueScoped (domain train) is not allowed " \
            "by the program's NvlfabricDriver 'nvlfabric' (imex_modes: Dedicated)" in msg
     assert "use imexMode Dedicated, or add CliqueScoped to the driver's imex_modes" in msg
+
+
+def test_a_job_tolerates_the_taints_of_the_racks_declared_before_it() -> None:
+    Nvl72Rack("rack", nodes=["n0"], observe=False, taints=[{"key": "nvidia.com/gpu", "value": "present"},
+                                                          {"key": "site/maint", "effect": "NoExecute"}])
+    tpl = {"spec": {"containers": [CONTAINER], "tolerations": [{"key": "site/maint", "operator": "Exists"}]}}
+    job = BoundJob("train", compute_domain=ComputeDomain("cd"), pod_template=tpl)
+    assert job.args.pod_template["spec"]["tolerations"] == [
+        {"key": "site/maint", "operator": "Exists"},  # the user's own already covers this taint
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
+    assert tpl["spec"]["tolerations"] == [{"key": "site/maint", "operator": "Exists"}]  # not modified
