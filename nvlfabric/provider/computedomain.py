@@ -57,6 +57,7 @@ lightkube; a test proves that an unknown field is rejected by the server).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -447,6 +448,24 @@ def _progress(message: str) -> None:
 # -- the provider ------------------------------------------------------------------------------------
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _plain_errors(method: F) -> F:
+    """Our own errors reach the engine as their message: Pulumi's dynamic provider host prints the
+    whole traceback of whatever a method raises (a missing namespace was ~60 chained lines with the
+    message last), so the error is raised afresh here, without its chain or the frames below."""
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except api_errors.NvlfabricError as exc:
+            error = exc
+        raise error.with_traceback(None) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 class ComputeDomainProvider(ResourceProvider):
     """CRUD for a ComputeDomain and its shared channel claim, with await (see the module docstring)."""
 
@@ -477,6 +496,7 @@ class ComputeDomainProvider(ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return compute_diff(olds, news)
 
+    @_plain_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         # The spec goes to the API server as given (it judges it, strictly); the rest is ours to parse.
         spec = _user_props(props).get("spec") or {}
@@ -494,6 +514,7 @@ class ComputeDomainProvider(ResourceProvider):
             raise
         return CreateResult(f"{ns}/{name}", outputs(cd, settings.to_inputs()))
 
+    @_plain_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         ns, name = _split_id(id_, props)
         live = _get(self._client(), CD, name, ns)
@@ -502,6 +523,7 @@ class ComputeDomainProvider(ResourceProvider):
         outs = outputs(live, props)
         return ReadResult(f"{ns}/{name}", outs, {k: outs[k] for k in INPUT_KEYS})
 
+    @_plain_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         args = _parse(_user_props(news))
         deadline = self._deadline(args.timeout_s)
@@ -518,6 +540,7 @@ class ComputeDomainProvider(ResourceProvider):
         cd = self._await(client, cd, args.await_for, deadline)
         return UpdateResult(outputs(cd, args.to_inputs()))
 
+    @_plain_errors
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         ns, name = _split_id(id_, props)
         force = bool(props.get("force_delete"))
