@@ -257,7 +257,8 @@ def test_agent_may_only_change_nvlfabric_labels_of_its_node(env: Env, what: str,
                                                              named: str) -> None:
     before = env.admin.get(Node, env.node_a)
     msg = denied(lambda: env.agent.patch(Node, env.node_a, patch))
-    assert f"labels under nvlfabric.io/ and the {FABRIC} condition of its Node {env.node_a}" in msg, what
+    assert f"labels under nvlfabric.io/, its nvlfabric.io/cd-* report annotations and the {FABRIC} condition of its " \
+           f"Node {env.node_a}" in msg, what
     assert f"this request also changes {named}" in msg, (what, msg)
     after = env.admin.get(Node, env.node_a)
     assert after.metadata.labels == before.metadata.labels and after.metadata.annotations == before.metadata.annotations
@@ -645,3 +646,15 @@ def test_manifest_binds_each_policy() -> None:
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == set(POLICIES) and bindings == {p: ["Deny"] for p in POLICIES}
 
+
+
+def test_agent_reports_a_domain_entry_on_its_own_node_only(env: Env) -> None:
+    """The agent's entry for a ComputeDomain is an annotation of its own Node, which the controller
+    copies into the domain's status: allowed there, refused on another node."""
+    report = api.node_report("default", "train", api.NodeStatus(name=env.node_a, ready=True))
+    env.agent.patch(Node, env.node_a, {"metadata": {"annotations": report}})
+    assert api.node_reports(env.admin.get(Node, env.node_a).metadata.annotations)[0].entry.ready
+    env.agent.patch(Node, env.node_a, {"metadata": {"annotations": {k: None for k in report}}})
+    assert not api.node_reports(env.admin.get(Node, env.node_a).metadata.annotations)
+    msg = denied(lambda: env.agent.patch(Node, env.node_b, {"metadata": {"annotations": report}}))
+    assert f"may only modify its own Node {env.node_a}" in msg

@@ -34,6 +34,7 @@ Decisions (recorded in docs/architecture.md by the lead):
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -52,6 +53,7 @@ from nvlfabric.api.names import (
     MAX_CHANNEL,
     MAX_CLIQUES_PER_DOMAIN,
     MAX_IMEX_PORT_SLOT,
+    NODE_REPORT_PREFIX,
     NODES_PER_CLIQUE,
 )
 
@@ -525,6 +527,43 @@ def node_status_apply(cd_name: str, namespace: str, node: NodeStatus) -> dict[st
         "metadata": {"name": cd_name, "namespace": namespace},
         "status": {"nodes": [node.model_dump(mode="json", by_alias=True, exclude_none=True)]},
     }
+
+
+class NodeReport(BaseModel):
+    """A node agent's report for one ComputeDomain, kept on its own Node as the annotation
+    `node_report_key(namespace, name)` (JSON)."""
+
+    model_config = ConfigDict(extra="ignore")
+    namespace: str
+    name: str
+    entry: NodeStatus
+
+
+def node_report_key(namespace: str, name: str) -> str:
+    """The Node annotation holding an agent's report for ComputeDomain `namespace/name`: a hash,
+    since an annotation's name part holds 63 characters and the two names together up to 120."""
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:20]
+    return f"{NODE_REPORT_PREFIX}{digest}"
+
+
+def node_report(namespace: str, name: str, node: NodeStatus) -> dict[str, str]:
+    """The annotation (key → JSON) with which a node agent reports its entry of a ComputeDomain."""
+    return {node_report_key(namespace, name):
+            NodeReport(namespace=namespace, name=name, entry=node).model_dump_json(by_alias=True, exclude_none=True)}
+
+
+def node_reports(annotations: dict[str, str] | None) -> list[NodeReport]:
+    """The reports a Node carries (pure); an annotation that does not parse is no report."""
+    out = []
+    for key, value in (annotations or {}).items():
+        if key.startswith(NODE_REPORT_PREFIX):
+            try:
+                report = NodeReport.model_validate_json(value)
+            except ValueError:
+                continue
+            if node_report_key(report.namespace, report.name) == key:
+                out.append(report)
+    return out
 
 
 def condition(type_: str, status: ConditionStatus, reason: str, message: str, *,

@@ -64,6 +64,10 @@ CLIQUE_LABEL: Final = "nvlfabric.io/clique"
 """On a Node: its NVLink clique `<clusterUuid>.<cliqueId>`, set by the node's agent."""
 FABRIC_READY_LABEL: Final = "nvlfabric.io/fabric-ready"
 """On a Node: `true`/`false`, whether its agent found the NVLink fabric ready."""
+NODE_REPORT_PREFIX: Final = "nvlfabric.io/cd-"
+"""On a Node: annotations `nvlfabric.io/cd-<hash of namespace/name>`, its agent's report for one
+ComputeDomain (the entry the controller copies into the domain's `status.nodes`): each agent
+writes only its own Node, and the controller alone writes the domain's status."""
 FABRIC_CONDITION: Final = "NVLinkFabricReady"
 """A Node condition its agent owns: True while every GPU's NVLink fabric is registered and healthy;
 False names the GPUs and NVML's reason (the controller marks the node's ComputeDomains Degraded)."""
@@ -156,6 +160,10 @@ WORKLOAD_API_VERSIONS: Final = ("v1beta1", "v1alpha3")
 """Where Kubernetes serves Workload, PodGroup and CompositePodGroup (1.37: the first two in
 v1beta1, which its scheduler watches, and v1alpha3; CompositePodGroup in v1alpha3 only): the
 first version that serves a kind is used."""
+POD_GROUP_ANNOTATION: Final = "nvlfabric.io/pod-group"
+"""On a pod template of a job Kubernetes schedules: its PodGroup, which the driver's
+MutatingAdmissionPolicy `nvlfabric-pod-group` writes into the pod's spec.schedulingGroup at
+creation (pulumi-kubernetes 4.25 drops that field from the templates it creates)."""
 POD_GROUP_TEMPLATE: Final = "clique"
 """A BoundJob's Workload: the pod group template of a clique group (gang, topology on CLIQUE_LABEL)."""
 COMPOSITE_GROUP_TEMPLATE: Final = "job"

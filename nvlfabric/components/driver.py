@@ -11,7 +11,7 @@ and this component only applies its settings to them. Every object is labelled
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Final
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -90,6 +90,11 @@ def _set_env(container: dict[str, Any], name: str, value: str) -> None:
     env.append({"name": name, "value": value})
 
 
+#: driver.yaml's kinds that pulumi-kubernetes 4.25's SDK has no class for (Kubernetes 1.36's
+#: MutatingAdmissionPolicy): created one by one as generic custom resources, not by the ConfigGroup.
+UNTYPED_KINDS: Final = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+
+
 def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> list[dict[str, Any]]:
     """The objects of driver.yaml with `args` applied (pure: tested without a cluster)."""
     text = manifest if manifest is not None else manifests.read(manifests.DRIVER_FILE)
@@ -150,9 +155,15 @@ class NvlfabricDriver(pulumi.ComponentResource):
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.crd_group = k8s.yaml.v2.ConfigGroup(f"{resource_name}-crd", objs=crd_objects(self.args), opts=child)
+        objs = driver_objects(self.args)
         self.group = k8s.yaml.v2.ConfigGroup(
-            f"{resource_name}-driver", objs=driver_objects(self.args),
+            f"{resource_name}-driver", objs=[o for o in objs if o["kind"] not in UNTYPED_KINDS],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.crd_group]))
+        # Kinds newer than pulumi-kubernetes 4.25's SDK: a ConfigGroup's children of those kinds fail
+        # the program ("unknown resource type"), a generic custom resource of the same token does not.
+        self.untyped = [k8s.apiextensions.CustomResource(
+            f"{resource_name}-{o['metadata']['name']}-{o['kind'].lower()}", api_version=o["apiVersion"], kind=o["kind"],
+            metadata=o["metadata"], spec=o["spec"], opts=child) for o in objs if o["kind"] in UNTYPED_KINDS]
         self.namespace = pulumi.Output.from_input(names.NAMESPACE)
         # Outputs resolve once the objects exist, so dependants wait for the install.
         self.device_class = self.group.resources.apply(lambda _: names.DEVICE_CLASS)

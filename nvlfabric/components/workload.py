@@ -68,6 +68,7 @@ from nvlfabric.api.names import (
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MAX_PODS_PER_CLAIM,
+    POD_GROUP_ANNOTATION,
     POD_GROUP_TEMPLATE,
     RANK_ANNOTATION,
     RANK_ENV,
@@ -313,6 +314,7 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
     gates = spec.get("schedulingGates") or []
     if pod_group is not None:
         spec["schedulingGroup"] = {"podGroupName": pod_group}
+        meta["annotations"][POD_GROUP_ANNOTATION] = pod_group  # what the driver's policy sets it from
     gated = args.reservation_gate and (pod_group is None or args.clique_groups > 1)
     if gated and not any(g.get("name") == RESERVATION_GATE for g in gates):
         spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]

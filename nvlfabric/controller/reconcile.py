@@ -4,12 +4,14 @@ One working replica per cluster, the Lease holder (nvlfabric/controller/leader.p
 as the node agent). Each pass it
 - publishes one channel pool per clique that has Nodes labelled `nvlfabric.io/clique`, and
   withdraws pools of cliques that no longer have any (nvlfabric/controller/pools.py);
-- for every ComputeDomain, derives `phase`, `clique`, `channel`, `readyNodes`, `totalNodes`,
-  the `Ready` condition and `observedGeneration` from the node agents' entries and the channel
-  claim's allocation, and `unhealthyNodes` and the `FabricHealthy` condition from the members'
-  Node condition `NVLinkFabricReady` (a Ready domain with a member on a sick node is Degraded),
-  and writes only those fields with server-side apply under its own field manager: the agents'
-  `status.nodes` entries stay theirs;
+- for every ComputeDomain, copies the node agents' reports from their Nodes (annotations
+  `nvlfabric.io/cd-<hash>`) into `status.nodes`, derives `phase`, `clique`, `channel`,
+  `readyNodes`, `totalNodes`, the `Ready` condition and `observedGeneration` from them and the
+  channel claim's allocation, and `unhealthyNodes` and the `FabricHealthy` condition from the
+  members' Node condition `NVLinkFabricReady` (a Ready domain with a member on a sick node is
+  Degraded), and writes them with server-side apply under its own field manager: the one writer
+  of a domain's status (72 agents applying their own entries to one object made the API server
+  retry each apply over and over);
 - gives each `imexMode: Dedicated` domain an IMEX port slot (`status.imexPortSlot`) once its
   clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
   every member starts its daemon on the same ports without talking to the others.
@@ -219,20 +221,33 @@ class Controller:
 
     def unhealthy_nodes(self) -> dict[str, str]:
         """Node name → message, for every Node whose agent reports its NVLink fabric not ready or
-        unhealthy (its NVLinkFabricReady condition False). Nodes with an agent carry the fabric-ready
-        label; the list is read every pass, so a domain turns Degraded within a pass of its agent's
-        report."""
-        out = {}
+        unhealthy (its NVLinkFabricReady condition False)."""
+        return self.agent_nodes()[0]
+
+    def agent_nodes(self) -> tuple[dict[str, str], dict[tuple[str, str], list[api.NodeStatus]]]:
+        """What the nodes' agents report, read from their Nodes: unhealthy fabrics (as
+        `unhealthy_nodes`), and each ComputeDomain's member entries, (namespace, name) → entries by
+        node name (annotations `nvlfabric.io/cd-<hash>`; the entry's name is its Node's, whatever
+        the annotation says). Nodes with an agent carry the fabric-ready label; the list is read
+        every pass, so a domain follows its agents within a pass."""
+        unhealthy: dict[str, str] = {}
+        entries: dict[tuple[str, str], list[api.NodeStatus]] = {}
         for n in self.client.list(Node, labels={names.FABRIC_READY_LABEL: None}):
+            name = n.metadata.name if n.metadata else None
+            if not name:
+                continue
             cond = next((c for c in (n.status.conditions if n.status else None) or []
                          if c.type == names.FABRIC_CONDITION), None)
-            if n.metadata and n.metadata.name and cond is not None and cond.status == "False":
-                out[n.metadata.name] = f"{cond.reason}: {cond.message}" if cond.message else str(cond.reason)
-        return out
+            if cond is not None and cond.status == "False":
+                unhealthy[name] = f"{cond.reason}: {cond.message}" if cond.message else str(cond.reason)
+            for report in api.node_reports(n.metadata.annotations if n.metadata else None):
+                entry = report.entry.model_copy(update={"name": name})
+                entries.setdefault((report.namespace, report.name), []).append(entry)
+        return unhealthy, {k: sorted(v, key=lambda e: e.name) for k, v in entries.items()}
 
     def reconcile_domains(self) -> None:
         seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]]]] = []
-        unhealthy = self.unhealthy_nodes()
+        unhealthy, entries = self.agent_nodes()
         obj: Any
         for obj in self.client.list(ComputeDomainResource, namespace="*"):
             meta = obj.metadata
@@ -250,7 +265,8 @@ class Controller:
         for obj, cd, allocs in seen:
             try:
                 with api_call(f"update the status of ComputeDomain {_key(cd)}"):
-                    self._reconcile_domain(obj, cd, allocs, slots.get(_key(cd)), unhealthy)
+                    self._reconcile_domain(obj, cd, allocs, slots.get(_key(cd)), unhealthy,
+                                           entries.get((cd.metadata.namespace or "default", cd.metadata.name), []))
             except (errors.NvlfabricError, ValueError) as exc:
                 log.warning("ComputeDomain %s: %s", _key(cd), exc)
 
@@ -263,16 +279,22 @@ class Controller:
             return None
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
-                          port_slot: int | None, unhealthy: Mapping[str, str] | None = None) -> None:
+                          port_slot: int | None, unhealthy: Mapping[str, str] | None = None,
+                          entries: Sequence[api.NodeStatus] = ()) -> None:
         name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
+        current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # The members are the agents' reports on their Nodes: this writes them, the one writer of
+        # the domain's status (docs/architecture.md, "Who writes a domain's status").
+        status = status.model_copy(update={"nodes": list(entries)})
         generation = int((obj.metadata.generation if obj.metadata else None) or 0)
         multi = cd.spec.placement.cliques is not None
         summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
                             groups=allocs if multi else None)
-        current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
         # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
-        if all(current.get(k) == v for k, v in summary.items() if k != "conditions") and \
+        if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
+                (current.get("nodes") or []) == summary["nodes"] and \
                 (current.get("unhealthyNodes") or []) == summary.get("unhealthyNodes", []) and \
                 [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
                 [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
@@ -283,9 +305,35 @@ class Controller:
                           patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER, force=True)
         log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
 
+    def _watch_reports(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
+        """Poke the loop when an agent's reports on its Node change (not on every Node write: a
+        kubelet's status updates would keep the loop busy for nothing)."""
+        seen: dict[str, dict[str, str]] = {}
+        failures = 0
+        while not stop():
+            try:
+                for kind, node in self.client.watch(Node, labels={names.FABRIC_READY_LABEL: None}, server_timeout=60):
+                    failures = 0
+                    meta = node.metadata
+                    if meta is None or not meta.name:
+                        continue
+                    reports = {k: v for k, v in (meta.annotations or {}).items()
+                               if k.startswith(names.NODE_REPORT_PREFIX)}
+                    if kind == "DELETED":
+                        reports = {}
+                    if seen.get(meta.name, {}) != reports:
+                        seen[meta.name] = reports
+                        poke.set()
+                    if stop():
+                        return
+                failures = 0
+            except Exception as exc:  # a failed watch only slows summaries to the interval
+                failures += 1
+                time.sleep(health.watch_failed("Node", exc, failures, log))
+
     def _watch_domains(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """Poke the loop on every ComputeDomain change (an agent's node entry, a new domain), so a
-        domain's summary follows its members within a debounce, not a full interval."""
+        """Poke the loop on every ComputeDomain change (a new domain, a spec change), so a
+        domain's summary follows within a debounce, not a full interval."""
         failures = 0
         while not stop():
             try:
@@ -309,6 +357,7 @@ class Controller:
             threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
         poke = threading.Event()
         threading.Thread(target=self._watch_domains, args=(poke, stop), name="watch-domains", daemon=True).start()
+        threading.Thread(target=self._watch_reports, args=(poke, stop), name="watch-reports", daemon=True).start()
         next_pools = 0.0
         while not stop():
             try:

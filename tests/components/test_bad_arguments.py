@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, workload
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, program, workload
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components.workload import BoundJobArgs, bound_pod_template
 from tests.conftest import Cluster
@@ -137,6 +137,7 @@ def test_an_observed_rack_patches_only_the_nodes_that_exist(cluster: Cluster, mo
     try:
         rack = Nvl72Rack("rack", nodes=[real, "no-such-node"])
         assert [p._name for p in rack.patches] == [f"rack-{real}"]  # type: ignore[attr-defined]
+        program.reset()  # the same nodes again, as another program would
         unobserved = Nvl72Rack("blind", nodes=[real, "no-such-node"], observe=False)
         assert len(unobserved.patches) == 2  # the user's word: nothing was read
     finally:

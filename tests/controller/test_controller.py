@@ -27,13 +27,12 @@ from lightkube.models.resource_v1 import (
     ExactDeviceRequest,
     ResourceClaimSpec,
 )
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
-from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
-from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.api.names import FABRIC_READY_LABEL, RESERVATION_GATE
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
 from nvlfabric.controller.reservations import (
@@ -126,7 +125,8 @@ def clique_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
     clique = f"{cluster_uuid}.32766"
     names = [f"ctl-{run}-{i}" for i in range(2)]
     install_crd(cluster.client)
-    make_ready_nodes(cluster.client, {n: {pools.CLIQUE_LABEL: clique, "ctl-test": run} for n in names})
+    make_ready_nodes(cluster.client, {n: {pools.CLIQUE_LABEL: clique, "ctl-test": run,
+                                          FABRIC_READY_LABEL: "true"} for n in names})
     with contextlib.suppress(ApiError):
         cluster.client.create(DeviceClass(metadata=ObjectMeta(name="imex-channel.nvlfabric.io"), spec=DeviceClassSpec(
             selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
@@ -159,18 +159,16 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
         client.create(channel_pod(f"{cd}-0", f"{cd}-channel", run))
         eventually("the channel to be allocated", lambda: phase() == "Allocating")
 
-        def report(node: str, ready: bool) -> None:  # what each node's agent writes
-            body = api.node_status_apply(cd, "default", api.NodeStatus(
+        def report(node: str, ready: bool) -> None:  # what each node's agent writes, on its own Node
+            agent_report(client, node, cd, api.NodeStatus(
                 name=node, ready=ready, clique=clique, message=None if ready else "IMEX daemon not ready"))
-            client.patch(ComputeDomainResource.Status, cd, body, namespace="default", patch_type=PatchType.APPLY,
-                         field_manager=f"nvlfabric-agent-{node}", force=True)
 
         report(names[0], True)
         report(names[1], True)
         assert phase() == "Ready"
         st = client.get(ComputeDomainResource, cd, namespace="default").status
         assert st["clique"] == clique and 1 <= st["channel"] <= 4 and st["readyNodes"] == 2
-        assert [n["name"] for n in st["nodes"]] == names  # the agents' entries survive the controller's apply
+        assert [n["name"] for n in st["nodes"]] == names  # the agents' reports, copied by the controller
         report(names[1], False)
         assert phase() == "Degraded"
         cond = client.get(ComputeDomainResource, cd, namespace="default").status["conditions"][0]
@@ -189,11 +187,16 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
     assert not list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)}))
 
 
+def agent_report(client: Client, node: str, domain: str, entry: api.NodeStatus) -> None:
+    """What a node's agent writes for a domain: an annotation of its own Node."""
+    client.patch(Node, node, {"metadata": {"annotations": api.node_report("default", domain, entry)}})
+
+
 @pytest.mark.cluster
 def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
         cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
-    """The loop's interval here is 300 s: only the ComputeDomain watch can make the summary follow
-    the agents' entries within the wait below."""
+    """The loop's interval here is 300 s: only the watch of the agents' Nodes can make the summary
+    follow their reports within the wait below."""
     client, (clique, names) = cluster.client, clique_nodes
     ctl = Controller(client, channels_per_clique=4)
     run = names[0].split("-")[1]
@@ -207,10 +210,7 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
         client.create(channel_pod(pod, claim, run))
         eventually("the pod to be bound", lambda: client.get(Pod, pod, namespace="default").spec.nodeName)
         for node in names:  # what each member's agent writes
-            entry = api.node_status_apply(f"live-{run}", "default", api.NodeStatus(name=node, ready=True,
-                                                                                    clique=clique))
-            client.patch(ComputeDomainResource.Status, f"live-{run}", entry, namespace="default",
-                         patch_type=PatchType.APPLY, field_manager=f"nvlfabric-agent-{node}", force=True)
+            agent_report(client, node, f"live-{run}", api.NodeStatus(name=node, ready=True, clique=clique))
         status = eventually("the summary to follow the members", lambda: (
             s if (s := client.get(ComputeDomainResource, f"live-{run}", namespace="default").status or {}
                   ).get("phase") == "Ready" else None), timeout=20)

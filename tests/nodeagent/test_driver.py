@@ -31,7 +31,7 @@ from lightkube.models.resource_v1 import (
     OpaqueDeviceConfiguration,
     ResourceClaimSpec,
 )
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
 from nvlfabric.api import computedomain as api
@@ -150,9 +150,11 @@ def test_prepare_gives_the_channel_device_and_unprepare_takes_it_back(setup: Set
                                                                                                 channel)
         entry = driver.state.get(ref.uid)
         assert entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
-        status = setup.client.get(ComputeDomainResource, name, namespace="default").status
-        assert status["nodes"] == [{"name": node.name, "address": node.address, "clique": setup.clique,
-                                    "ready": True}]
+        # Its entry for the domain, on its own Node (the controller copies it into the domain's status).
+        (report,) = api.node_reports(setup.client.get(Node, node.name).metadata.annotations)
+        assert (report.namespace, report.name) == ("default", name)
+        assert report.entry.model_dump(exclude_none=True) == {"name": node.name, "address": node.address,
+                                                              "clique": setup.clique, "ready": True}
 
         t0 = time.monotonic()
         again = driver.prepare([ref])[ref.uid]
@@ -166,7 +168,7 @@ def test_prepare_gives_the_channel_device_and_unprepare_takes_it_back(setup: Set
         assert restarted.unprepare([ref]) == {ref.uid: ""}
         assert not list(node.cdi_dirs[1].glob("*.json")) and not host_node.exists()
         assert restarted.state.get(ref.uid) is None
-        assert (setup.client.get(ComputeDomainResource, name, namespace="default").status or {}).get("nodes", []) == []
+        assert not api.node_reports(setup.client.get(Node, node.name).metadata.annotations)  # withdrawn
         assert restarted.unprepare([ref]) == {ref.uid: ""}  # idempotent
         saved = json.loads((node.kubelet_root / "plugins" / DRIVER / "checkpoint.json").read_text())
         assert saved["claims"] == {}
