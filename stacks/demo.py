@@ -58,10 +58,18 @@ def environment(cp: ControlPlane) -> dict[str, str]:
 def up(cp: ControlPlane) -> None:
     cp.racks = RACKS  # an already running simulator keeps its own racks
     t0 = time.monotonic()
-    cp.up()
+    fresh = cp.up()
     sim_s = time.monotonic() - t0
     env = environment(cp)
-    if pulumi(env, "stack", "select", STACK, check=False).returncode != 0:
+    exists = pulumi(env, "stack", "select", STACK, check=False).returncode == 0
+    if exists and fresh:
+        # A simulator started afresh is an empty cluster (its etcd is new): a stack left from an
+        # earlier one describes objects that are gone, and its update would fail on them ("not
+        # found"). Its config stays; its state goes.
+        print(f"demo: the simulator started afresh: dropping the state of stack {STACK} from the earlier one")
+        pulumi(env, "stack", "rm", "--force", "--yes", "--preserve-config", STACK)
+        exists = False
+    if not exists:
         pulumi(env, "stack", "init", STACK)
     t1 = time.monotonic()
     pulumi(env, "up", "--yes", "--skip-preview", "--stack", STACK)
