@@ -74,8 +74,12 @@ def test_a_busy_port_is_a_clear_error_and_starts_nothing(tmp_path: Path) -> None
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         busy = squatter.getsockname()[1]
-        result = sim("up", "--apiserver-port", str(busy), "--etcd-port", "43790", "--etcd-peer-port", "43800",
-                     "--scheduler-port", "40259", state_dir=tmp_path)
+        # The others free ones: fixed numbers were flaky (a client connection's ephemeral port, seen
+        # 43800 held by the suite's kube-apiserver talking to its etcd, is "in use" too).
+        free = free_ports()
+        result = sim("up", "--apiserver-port", str(busy), "--etcd-port", str(free.etcd_client),
+                     "--etcd-peer-port", str(free.etcd_peer), "--scheduler-port", str(free.scheduler),
+                     state_dir=tmp_path)
     assert result.returncode == 1
     assert f"port {busy} on 127.0.0.1 (apiserver) is already in use" in result.stderr
     assert "--apiserver-port" in result.stderr
