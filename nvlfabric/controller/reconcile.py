@@ -305,47 +305,48 @@ class Controller:
                           patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER, force=True)
         log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
 
-    def _watch_reports(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """Poke the loop when an agent's reports on its Node change (not on every Node write: a
-        kubelet's status updates would keep the loop busy for nothing)."""
-        seen: dict[str, dict[str, str]] = {}
+    def _poke_on(self, what: str, watch: Callable[[], Any], changed: Callable[[str, Any], bool],
+                 poke: threading.Event, stop: Callable[[], bool]) -> None:
+        """Poke the loop on every event of `watch()` that `changed` says matters, so a domain's
+        summary follows within a debounce, not a full interval; a failed watch is watched again
+        (backing off) and only slows summaries to the interval."""
         failures = 0
         while not stop():
             try:
-                for kind, node in self.client.watch(Node, labels={names.FABRIC_READY_LABEL: None}, server_timeout=60):
+                for kind, obj in watch():
                     failures = 0
-                    meta = node.metadata
-                    if meta is None or not meta.name:
-                        continue
-                    reports = {k: v for k, v in (meta.annotations or {}).items()
-                               if k.startswith(names.NODE_REPORT_PREFIX)}
-                    if kind == "DELETED":
-                        reports = {}
-                    if seen.get(meta.name, {}) != reports:
-                        seen[meta.name] = reports
+                    if changed(kind, obj):
                         poke.set()
                     if stop():
                         return
                 failures = 0
-            except Exception as exc:  # a failed watch only slows summaries to the interval
+            except Exception as exc:
                 failures += 1
-                time.sleep(health.watch_failed("Node", exc, failures, log))
+                time.sleep(health.watch_failed(what, exc, failures, log))
+
+    def _watch_reports(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
+        """The agents' reports on their Nodes: poke when they change, not on every Node write (a
+        kubelet's status updates would keep the loop busy for nothing)."""
+        seen: dict[str, dict[str, str]] = {}
+
+        def changed(kind: str, node: Any) -> bool:
+            meta = node.metadata
+            if meta is None or not meta.name:
+                return False
+            reports = {} if kind == "DELETED" else {k: v for k, v in (meta.annotations or {}).items()
+                                                    if k.startswith(names.NODE_REPORT_PREFIX)}
+            if seen.get(meta.name, {}) == reports:
+                return False
+            seen[meta.name] = reports
+            return True
+
+        self._poke_on("Node", lambda: self.client.watch(Node, labels={names.FABRIC_READY_LABEL: None},
+                                                        server_timeout=60), changed, poke, stop)
 
     def _watch_domains(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """Poke the loop on every ComputeDomain change (a new domain, a spec change), so a
-        domain's summary follows within a debounce, not a full interval."""
-        failures = 0
-        while not stop():
-            try:
-                for _ in self.client.watch(ComputeDomainResource, namespace="*", server_timeout=60):
-                    failures = 0
-                    poke.set()
-                    if stop():
-                        return
-                failures = 0
-            except Exception as exc:  # a failed watch only slows summaries to the interval
-                failures += 1
-                time.sleep(health.watch_failed(api.KIND, exc, failures, log))
+        """Every ComputeDomain change (a new domain, a spec change)."""
+        self._poke_on(api.KIND, lambda: self.client.watch(ComputeDomainResource, namespace="*", server_timeout=60),
+                      lambda kind, obj: True, poke, stop)
 
     def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
             reserve_ahead: bool = True, debounce_s: float = 0.1) -> None:
