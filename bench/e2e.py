@@ -434,16 +434,21 @@ def cd18(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
                              f"got {marks}")
 
 
-def job288(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
-    """72 pods x 4 GPUs over 4 racks as ONE workload: a MultiClique domain, one BoundJob."""
-    key = "job288_tuned" if tuned else "job288"
-    with simulator(key, "job288", tmp, racks=4, first_rack=JOB288_FIRST_RACK, results=results,
-                   tuned=tuned) as sim:
+def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """18 pods x 4 GPUs per rack over `racks` racks as ONE workload: a MultiClique domain, one BoundJob."""
+    key = f"{name}_tuned" if tuned else name
+    with simulator(key, name, tmp, racks=racks, first_rack=first_rack, results=results, tuned=tuned) as sim:
         install_driver(sim, results)
         marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True)
         results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
-        if marks["claims_split_across_cliques"] or marks["cliques_used"] != 4 or marks["nodes_used"] != 72:
-            raise SystemExit(f"bench e2e: {key}: expected 4 groups in 4 cliques on 72 nodes, got {marks}")
+        if marks["claims_split_across_cliques"] or marks["cliques_used"] != racks or marks["nodes_used"] != 18 * racks:
+            raise SystemExit(f"bench e2e: {key}: expected {racks} groups in {racks} cliques on {18 * racks} nodes, "
+                             f"got {marks}")
+
+
+def job288(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """72 pods x 4 GPUs over 4 racks as ONE workload."""
+    one_job("job288", 4, JOB288_FIRST_RACK, tmp, results, tuned=tuned)
 
 
 def racks8(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
@@ -460,14 +465,7 @@ def racks8(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
 
 def superpod(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
     """576 GPUs as ONE job: 144 pods x 4 GPUs, a MultiClique domain of 8 cliques, on 8 racks."""
-    key = "superpod_tuned" if tuned else "superpod"
-    with simulator(key, "superpod", tmp, racks=8, first_rack=RACKS8_FIRST_RACK, results=results,
-                   tuned=tuned) as sim:
-        install_driver(sim, results)
-        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True)
-        results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
-        if marks["claims_split_across_cliques"] or marks["cliques_used"] != 8 or marks["nodes_used"] != 144:
-            raise SystemExit(f"bench e2e: {key}: expected 8 groups in 8 cliques on 144 nodes, got {marks}")
+    one_job("superpod", 8, RACKS8_FIRST_RACK, tmp, results, tuned=tuned)
 
 
 def job256(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:

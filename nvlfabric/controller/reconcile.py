@@ -219,17 +219,12 @@ class Controller:
             pools.withdraw(self.client, gone)
         return cliques
 
-    def unhealthy_nodes(self) -> dict[str, str]:
-        """Node name → message, for every Node whose agent reports its NVLink fabric not ready or
-        unhealthy (its NVLinkFabricReady condition False)."""
-        return self.agent_nodes()[0]
-
     def agent_nodes(self) -> tuple[dict[str, str], dict[tuple[str, str], list[api.NodeStatus]]]:
-        """What the nodes' agents report, read from their Nodes: unhealthy fabrics (as
-        `unhealthy_nodes`), and each ComputeDomain's member entries, (namespace, name) → entries by
-        node name (annotations `nvlfabric.io/cd-<hash>`; the entry's name is its Node's, whatever
-        the annotation says). Nodes with an agent carry the fabric-ready label; the list is read
-        every pass, so a domain follows its agents within a pass."""
+        """What the nodes' agents report, read from their Nodes: unhealthy fabrics (Node name →
+        why its NVLinkFabricReady condition is False), and each ComputeDomain's member entries,
+        (namespace, name) → entries by node name (annotations `nvlfabric.io/cd-<hash>`; the
+        entry's name is its Node's, whatever the annotation says). Nodes with an agent carry the
+        fabric-ready label; the list is read every pass, so a domain follows its agents within a pass."""
         unhealthy: dict[str, str] = {}
         entries: dict[tuple[str, str], list[api.NodeStatus]] = {}
         for n in self.client.list(Node, labels={names.FABRIC_READY_LABEL: None}):
