@@ -58,6 +58,17 @@ def test_one_past_the_limit_is_refused_by_the_component_the_controller_and_the_p
         pools.desired_slices(CLIQUE, over, generation=1)
 
 
+@pytest.mark.parametrize("modes", [["CliqueScoped"], ["Dedicated"], ["CliqueScoped", "Dedicated"]])
+def test_the_controller_knows_the_imex_modes_the_component_gives_the_agents(
+        modes: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _controller_env(NvlfabricDriverArgs(imex_modes=modes))  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "environ", {**os.environ, **env})
+    assert {m.value for m in settings([]).imex_modes} == set(modes)
+    proc = subprocess.run([sys.executable, "-m", "nvlfabric", "controller", "--imex-modes", "Shared"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--imex-modes / $IMEX_MODES" in proc.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "2048", "-1", "many", ""])
 def test_the_controller_refuses_a_bad_pool_size_in_one_line_and_exits_2(value: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "nvlfabric", "controller", "--channels-per-clique", value],

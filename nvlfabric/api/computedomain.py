@@ -103,17 +103,20 @@ class PlacementScope(StrEnum):
 class Phase(StrEnum):
     """The ComputeDomain's lifecycle phase, as the controller reports it.
 
-    - `Pending`: accepted; no IMEX channel allocated yet (no member pod scheduled, or the clique's
-      channel pool is momentarily exhausted). An absent phase means the same.
+    - `Pending`: accepted; no IMEX channel allocated yet (no member pod scheduled, or every
+      channel of the cliques it may use is allocated: reason `ChannelPoolExhausted`). An absent
+      phase means the same.
     - `Allocating`: a channel (and clique) is allocated; members are joining and not all are ready.
     - `Ready`: at least one member, every placed member is ready, and at least `numNodes` members
       are ready when `numNodes` is set.
     - `Degraded`: was Ready, and a member has since become not ready or left (fewer than
       `numNodes`), or a member node's NVLink fabric is unhealthy (`unhealthyNodes`, the
       `FabricHealthy` condition); workloads already running may continue.
-    - `Failed`: the spec cannot be satisfied and retrying will not help (for example the pinned
-      clique does not exist, or `numNodes` exceeds the clique's size); the `Ready` condition's
-      message says why.
+    - `Failed`: the spec cannot be satisfied by the cluster and driver as they are, and no pod is
+      let through: the driver does not allow its `imexMode`, the pinned clique does not exist, the
+      cluster has fewer cliques or nodes than it asks for (judged once the domain is 30 s old), or
+      no IMEX port slot is left; the `Ready` condition's reason and message say which and the way
+      out. Recomputed every pass: a rack added later lifts it.
     """
 
     PENDING = "Pending"

@@ -217,6 +217,21 @@ def clique_of_pool(pool: str) -> str | None:
     return clique if pool.startswith(POOL_PREFIX) and clique else None
 
 
+def pinned_clique_selector(clique: str) -> str:
+    """CEL that admits only channels of `clique`'s pool (the channel devices carry a `clique`
+    attribute), so the scheduler places a pinned domain's pods there or nowhere."""
+    return f'device.attributes["{DRIVER}"].clique == "{clique}"'
+
+
+_PINNED_RE: Final = re.compile(r'^device\.attributes\["' + re.escape(DRIVER) + r'"\]\.clique == "([^"]+)"$')
+
+
+def pinned_clique_of(expression: str) -> str | None:
+    """The clique a channel claim's selector pins (the inverse of `pinned_clique_selector`), or None."""
+    m = _PINNED_RE.match(expression)
+    return m.group(1) if m else None
+
+
 def channel_device(channel: int) -> str:
     """The pool device for channel `channel`: `channel-<n>`."""
     return f"{DEVICE_PREFIX}{channel}"

@@ -13,7 +13,10 @@ import signal
 import sys
 import threading
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from nvlfabric.api.computedomain import IMEXMode
 
 LogFormat = Literal["json", "text"]
 #: Client libraries that log every request at INFO.
@@ -72,3 +75,18 @@ def seconds(value: str, *, flag: str, env: str) -> float:
     if not 0 < s < float("inf"):
         raise SettingsError(f"{flag} / ${env}: {value!r} is not a positive number of seconds")
     return s
+
+
+def imex_modes(value: str, *, flag: str = "--imex-modes", env: str = "IMEX_MODES") -> frozenset[IMEXMode]:
+    """The IMEX modes the driver allows (NvlfabricDriver imex_modes), from a comma-separated list,
+    or a SettingsError. The agents refuse to prepare a claim of another mode; the controller fails
+    such a domain before any of its pods is let through."""
+    # Imported here: the IMEX keeper uses this module and needs none of the models (its memory).
+    from nvlfabric.api.computedomain import IMEXMode
+
+    modes = {m.strip() for m in value.split(",") if m.strip()}
+    known = {m.value for m in IMEXMode}
+    if not modes or modes - known:
+        raise SettingsError(f"{flag} / ${env}: {value!r} is not a comma-separated list of "
+                            f"{' and '.join(sorted(known))}")
+    return frozenset(IMEXMode(m) for m in modes)

@@ -109,7 +109,7 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
                 c["image"] = args.image
                 if obj["kind"] == "Deployment":
                     _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
-                elif any(e.get("name") == "IMEX_MODES" for e in c.get("env") or []):
+                if any(e.get("name") == "IMEX_MODES" for e in c.get("env") or []):
                     _set_env(c, "IMEX_MODES", ",".join(m.value for m in args.imex_modes))
                 for m in c.get("volumeMounts") or []:
                     if m.get("name") == "kubelet":

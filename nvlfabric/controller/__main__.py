@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from nvlfabric.api import names, process
+from nvlfabric.api.computedomain import IMEXMode
 
 log = logging.getLogger("nvlfabric.controller")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -29,6 +30,8 @@ class Settings:
     service_account_dir: str
     channels_per_clique: int
     """Size of each clique's channel pool, 1..names.MAX_CHANNELS_PER_CLIQUE."""
+    imex_modes: frozenset[IMEXMode]
+    """The agents' modes (NvlfabricDriver imex_modes): a domain of another one is Failed."""
     log_format: process.LogFormat
     identity: str
     """This replica's name in the Lease: the pod's name ($POD_NAME), else hostname-pid."""
@@ -53,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--channels-per-clique",
                     default=env("CHANNELS_PER_CLIQUE", str(names.DEFAULT_CHANNELS_PER_CLIQUE)),
                     help=f"each clique's channel pool size, 1..{names.MAX_CHANNELS_PER_CLIQUE} ($CHANNELS_PER_CLIQUE)")
+    ap.add_argument("--imex-modes", default=env("IMEX_MODES", ",".join(m.value for m in IMEXMode)),
+                    help="comma-separated IMEX modes the node agents prepare ($IMEX_MODES)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env("LOG_FORMAT", "json"))
     ap.add_argument("--identity", default=env("POD_NAME", ""),
                     help="this replica's holder identity in the Lease ($POD_NAME; default hostname-pid)")
@@ -93,7 +98,8 @@ def settings(argv: list[str]) -> Settings:
             f"--renew-interval ({renew:g}) < --renew-deadline ({deadline:g}) < --lease-duration ({duration:g}) "
             "must hold: a leader renews before its deadline and stops before its Lease expires for the others")
     return Settings(kubeconfig=args.kubeconfig, service_account_dir=args.service_account_dir,
-                    channels_per_clique=channels_per_clique(args.channels_per_clique), log_format=args.log_format,
+                    channels_per_clique=channels_per_clique(args.channels_per_clique),
+                    imex_modes=process.imex_modes(args.imex_modes), log_format=args.log_format,
                     identity=args.identity or f"{socket.gethostname()}-{os.getpid()}", lease_name=args.lease_name,
                     lease_namespace=args.lease_namespace, lease_duration_s=duration, renew_interval_s=renew,
                     renew_deadline_s=deadline, retry_interval_s=retry,
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot serve /healthz, /readyz and /metrics on %s:%d: %s", cfg.listen_address or "*",
                   cfg.health_port, exc)
     log.info("controller %s: standby until it holds Lease %s/%s", cfg.identity, cfg.lease_namespace, cfg.lease_name)
-    controller = Controller(client, channels_per_clique=cfg.channels_per_clique)
+    controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes)
     if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
         return 0
     # Leadership lost: exit at once, without waiting for a pass or a reservation under way (os._exit:

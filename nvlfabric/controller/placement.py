@@ -42,6 +42,8 @@ class Group:
     gpus_per_pod: int
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Labels every node of the group must carry (the pods' own nodeSelector)."""
+    clique: str | None = None
+    """The one clique the group may use (its domain's placement.clique), or None: any."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def place(groups: Sequence[Group], nodes: Sequence[NodeRoom], free_channels: Map
     cliques = sorted({n.clique for n in nodes})
     for g in sorted(groups, key=lambda g: (-g.pods * max(g.gpus_per_pod, 1), g.key)):
         options = [(room(c, nodes, held_now, g), c) for c in cliques
-                   if channels.get(c, 0) > 0 and c not in taken]
+                   if channels.get(c, 0) > 0 and c not in taken and g.clique in (None, c)]
         fitting = [(r, c) for r, c in options if r >= g.pods]
         if not fitting:
             best = max(options, default=None)

@@ -28,10 +28,11 @@ table-tested.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import health, pools
+from nvlfabric.controller import feasibility, health, pools
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
 
@@ -118,18 +119,24 @@ def group_status(claims: Sequence[tuple[str, tuple[str, int] | None]],
 def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, generation: int,
               allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None,
               unhealthy: Mapping[str, str] | None = None,
-              groups: Sequence[tuple[str, tuple[str, int] | None]] | None = None) -> dict[str, Any]:
+              groups: Sequence[tuple[str, tuple[str, int] | None]] | None = None,
+              blocked: tuple[api.Phase, str, str] | None = None) -> dict[str, Any]:
     """The controller-owned status fields for one domain (pure). `unhealthy`: Node name → why its
     agent reports the NVLink fabric unhealthy (its NVLinkFabricReady condition), for every node.
     `groups`: a MultiClique domain's claims with their allocations, in group order (then
-    `allocation` is ignored: the domain has a channel once every group has one)."""
+    `allocation` is ignored: the domain has a channel once every group has one). `blocked`:
+    phase, reason and message while the domain has no channel and cannot get one now
+    (nvlfabric/controller/feasibility.py)."""
     nodes = status.nodes
     ready = [n for n in nodes if n.ready]
     previous = status.phase
     dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
     sick = [(n.name, (unhealthy or {})[n.name]) for n in nodes if n.name in (unhealthy or {})]
     placed = sum(1 for _, a in groups if a is not None) if groups is not None else None
-    if groups is not None and placed != len(groups):
+    unplaced = allocation is None if groups is None else placed != len(groups)
+    if blocked is not None and unplaced:
+        phase, reason, message = blocked
+    elif groups is not None and placed != len(groups):
         phase, reason = api.Phase.PENDING, "GroupsNotPlaced"
         message = (f"{placed} of {len(groups)} clique groups have a channel; the controller places all of them at "
                    "once where each fits (see the claims' NoCliqueRoom events)")
@@ -185,10 +192,31 @@ def _key(cd: api.ComputeDomain) -> str:
     return f"{cd.metadata.namespace or 'default'}/{cd.metadata.name}"
 
 
+def _age_s(obj: Any, now: datetime.datetime) -> float:
+    """Seconds since the object's creationTimestamp (0 when it has none)."""
+    stamp = obj.metadata.creationTimestamp if obj.metadata else None
+    if isinstance(stamp, str):
+        stamp = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (now - stamp).total_seconds() if isinstance(stamp, datetime.datetime) else 0.0
+
+
+def free_channels(allocations: Iterable[tuple[str, int] | None], per_clique: int) -> dict[str, int]:
+    """Clique → channels of its pool no domain's claim holds (pure)."""
+    used: dict[str, int] = {}
+    for a in allocations:
+        if a is not None:
+            used[a[0]] = used.get(a[0], 0) + 1
+    return {c: max(0, per_clique - n) for c, n in used.items()}
+
+
 class Controller:
-    def __init__(self, client: Client, *, channels_per_clique: int = 128) -> None:
+    def __init__(self, client: Client, *, channels_per_clique: int = 128,
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
         self.client = client
         self.channels = channels_per_clique
+        self.imex_modes = imex_modes
+        self.clique_nodes: dict[str, int] = {}
+        """Clique → Nodes its agents labelled with it, as of the last domain pass."""
 
     def _owner(self) -> pools.Owner | None:
         try:
@@ -227,10 +255,14 @@ class Controller:
         fabric-ready label; the list is read every pass, so a domain follows its agents within a pass."""
         unhealthy: dict[str, str] = {}
         entries: dict[tuple[str, str], list[api.NodeStatus]] = {}
+        cliques: dict[str, int] = {}
         for n in self.client.list(Node, labels={names.FABRIC_READY_LABEL: None}):
             name = n.metadata.name if n.metadata else None
             if not name:
                 continue
+            clique = (n.metadata.labels or {}).get(names.CLIQUE_LABEL) if n.metadata else None
+            if clique:
+                cliques[clique] = cliques.get(clique, 0) + 1
             cond = next((c for c in (n.status.conditions if n.status else None) or []
                          if c.type == names.FABRIC_CONDITION), None)
             if cond is not None and cond.status == "False":
@@ -238,6 +270,7 @@ class Controller:
             for report in api.node_reports(n.metadata.annotations if n.metadata else None):
                 entry = report.entry.model_copy(update={"name": name})
                 entries.setdefault((report.namespace, report.name), []).append(entry)
+        self.clique_nodes = cliques
         return unhealthy, {k: sorted(v, key=lambda e: e.name) for k, v in entries.items()}
 
     def reconcile_domains(self) -> None:
@@ -257,11 +290,19 @@ class Controller:
                         cd.status.imex_port_slot if cd.status else None,
                         str(obj.metadata.creationTimestamp or "") if obj.metadata else "")
             for obj, cd, allocs in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
+        inventory = feasibility.Inventory(
+            nodes=self.clique_nodes, modes=self.imex_modes, channels_per_clique=self.channels,
+            free_channels=free_channels((a for _, _, allocs in seen for _, a in allocs), self.channels))
+        now = datetime.datetime.now(datetime.UTC)
         for obj, cd, allocs in seen:
+            placed = sum(1 for _, a in allocs if a is not None)
+            why = feasibility.verdict(cd.spec, inventory, placed) if placed < len(allocs) else None
+            blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
             try:
                 with api_call(f"update the status of ComputeDomain {_key(cd)}"):
                     self._reconcile_domain(obj, cd, allocs, slots.get(_key(cd)), unhealthy,
-                                           entries.get((cd.metadata.namespace or "default", cd.metadata.name), []))
+                                           entries.get((cd.metadata.namespace or "default", cd.metadata.name), []),
+                                           blocked)
             except (errors.NvlfabricError, ValueError) as exc:
                 log.warning("ComputeDomain %s: %s", _key(cd), exc)
 
@@ -275,7 +316,8 @@ class Controller:
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
                           port_slot: int | None, unhealthy: Mapping[str, str] | None = None,
-                          entries: Sequence[api.NodeStatus] = ()) -> None:
+                          entries: Sequence[api.NodeStatus] = (),
+                          blocked: tuple[api.Phase, str, str] | None = None) -> None:
         name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
         current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -285,7 +327,7 @@ class Controller:
         generation = int((obj.metadata.generation if obj.metadata else None) or 0)
         multi = cd.spec.placement.cliques is not None
         summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
-                            groups=allocs if multi else None)
+                            groups=allocs if multi else None, blocked=blocked)
         summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
         # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
         if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
@@ -349,7 +391,8 @@ class Controller:
         changed (the summary pass is cheap; our own status write pokes once more, finds nothing
         to change and writes nothing)."""
         if reserve_ahead:
-            reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels)
+            reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels,
+                                imex_modes=self.imex_modes)
             threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
         poke = threading.Event()
         threading.Thread(target=self._watch_domains, args=(poke, stop), name="watch-domains", daemon=True).start()

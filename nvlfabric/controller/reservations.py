@@ -73,6 +73,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.api.names import (
     CLIQUE_GROUP_ANNOTATION,
@@ -135,6 +136,8 @@ class ClaimState:
     clique: str | None = None  # the clique of the pool it was allocated from
     job: str = ""  # its ComputeDomain (the claim's label): the claims of one domain are one job
     groups: int = 1  # CLIQUE_GROUPS_ANNOTATION: how many claims the job has (MultiClique)
+    pinned: str | None = None  # the clique its selector pins (a domain's placement.clique)
+    imex_mode: str = ""  # its channel config's imexMode ("" when it has none)
 
 
 def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
@@ -186,8 +189,15 @@ def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
         groups = max(1, int((meta.get("annotations") or {}).get(CLIQUE_GROUPS_ANNOTATION, 1)))
     except ValueError:
         groups = 1
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    cel = [s["cel"].get("expression", "") for r in devices.get("requests") or []
+           for s in (r.get("exactly") or {}).get("selectors") or [] if isinstance(s.get("cel"), Mapping)]
+    # Our channel config always names its imexMode (nvlfabric/api/channelconfig.py); "": not ours.
+    modes = [str(((c.get("opaque") or {}).get("parameters") or {}).get("imexMode", ""))
+             for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
     return ClaimState(uid=meta.get("uid", ""), job=(meta.get("labels") or {}).get(COMPUTE_DOMAIN_LABEL, ""),
-                      groups=groups,
+                      groups=groups, pinned=next((p for e in cel if (p := names.pinned_clique_of(e))), None),
+                      imex_mode=modes[0] if modes else "",
                       reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
                       allocated=allocation is not None, ours=bool(ours),
                       clique=names.clique_of_pool(ours[0].get("pool", "")) if ours else None)
@@ -258,13 +268,13 @@ def ungate_patch(pod: PendingPod, clique: str | None) -> dict[str, Any]:
     return patch
 
 
-def group_of(key: Key, users: Sequence[PendingPod]) -> placement.Group:
+def group_of(key: Key, users: Sequence[PendingPod], pinned: str | None = None) -> placement.Group:
     """The placement demand of a claim's users: as many pods as there are, or as their group size
     says if more; the largest pod's GPUs; the first user's node selector (BoundJob gives all of a
-    workload's pods the same)."""
+    workload's pods the same); the clique the claim pins, if it does."""
     first = min(users, key=lambda p: (p.created, p.name))
     return placement.Group(key, max(len(users), max(p.group_size for p in users)),
-                           max(p.gpus for p in users), dict(first.node_selector))
+                           max(p.gpus for p in users), dict(first.node_selector), pinned)
 
 
 def complete(users: Sequence[PendingPod], quiet_for: float) -> bool:
@@ -295,9 +305,13 @@ class Reserver:
     pods and lifts the reservation gate of pods that are ready to schedule."""
 
     def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S,
-                 channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE) -> None:
+                 channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE,
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
         self.client, self.driver, self.coalesce_s = client, driver, coalesce_s
         self.channels_per_clique = channels_per_clique
+        self.imex_modes = frozenset(m.value for m in imex_modes)
+        """A claim of another mode is never placed nor let through: no node would prepare it, and
+        its allocation would hold a channel for nothing (its domain is Failed, reconcile.py)."""
         self._placed: dict[Key, str] = {}  # claim → the clique its pioneer is sent to
         self._last_user: dict[Key, float] = {}  # claim → when its newest user appeared
         self._no_room: dict[Key, tuple[str, float]] = {}  # claim → (message, when) of its last Event
@@ -455,12 +469,15 @@ class Reserver:
     def _waiting(self, key: Key, now: float) -> placement.Group | None:
         """The claim's group if it is to be placed now (call with the lock held): complete, every
         user still gated (an ungated one allocates the claim by itself: nothing to steer), and
-        neither allocated nor placed yet."""
+        neither allocated nor placed yet, of a mode the driver allows."""
         claim, users = self._claims.get(key), self._users(key)
         if (claim is None or claim.allocated or key in self._placed or not users or not all(p.gated for p in users)
-                or not complete(users, now - self._last_user.get(key, now))):
+                or not complete(users, now - self._last_user.get(key, now)) or not self._allowed(claim)):
             return None
-        return group_of(key, users)
+        return group_of(key, users, claim.pinned)
+
+    def _allowed(self, claim: ClaimState) -> bool:
+        return not claim.imex_mode or claim.imex_mode in self.imex_modes
 
     def _jobs(self, keys: Sequence[Key], now: float) -> list[tuple[list[placement.Group], set[str], list[Key]]]:
         """What to place (call with the lock held): per job, the groups to place together, the

@@ -78,15 +78,6 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return ap
 
 
-def _imex_modes(value: str) -> frozenset[IMEXMode]:
-    modes = {m.strip() for m in value.split(",") if m.strip()}
-    known = {m.value for m in IMEXMode}
-    if not modes or modes - known:
-        raise SettingsError(f"--imex-modes / $IMEX_MODES: {value!r} is not a comma-separated list of "
-                            f"{' and '.join(sorted(known))}")
-    return frozenset(IMEXMode(m) for m in modes)
-
-
 def _port(value: str, flag: str, env: str) -> int:
     return process.whole_number(value, flag=flag, env=env, low=0, high=65535, why=" (0 disables)")
 
@@ -102,7 +93,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         driver_root=Path(a.driver_root), proc_devices=Path(a.proc_devices), boot_id=Path(a.boot_id),
         kubeconfig=a.kubeconfig, service_account_dir=a.service_account_dir,
         resync_s=process.seconds(a.resync_seconds, flag="--resync-seconds", env="RESYNC_SECONDS"),
-        imex_modes=_imex_modes(a.imex_modes), log_format=a.log_format, listen_address=a.listen_address,
+        imex_modes=process.imex_modes(a.imex_modes), log_format=a.log_format, listen_address=a.listen_address,
         health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
         metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"),
         imex_keeper_socket=Path(a.imex_keeper_socket) if a.imex_keeper_socket else

@@ -344,12 +344,6 @@ def channel_config(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSp
                          imex_mode=spec.imex_mode, channel_allocation_mode=spec.channel_allocation_mode).to_kube()
 
 
-def pinned_clique_selector(clique: str) -> str:
-    """CEL that admits only channels of `clique`'s pool (the channel devices carry a `clique`
-    attribute), so the scheduler places a pinned domain's pods there or nowhere."""
-    return f'device.attributes["{DRIVER}"].clique == "{clique}"'
-
-
 def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpec, group: int = 0) -> dict[str, Any]:
     """The CD's shared channel ResourceClaim (a MultiClique CD's claim of clique group `group`):
     one channel device, owned by the CD.
@@ -374,7 +368,7 @@ def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpe
         "spec": {"devices": {
             "requests": [{"name": CHANNEL_REQUEST, "exactly": {
                 "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1,
-                **({"selectors": [{"cel": {"expression": pinned_clique_selector(spec.placement.clique)}}]}
+                **({"selectors": [{"cel": {"expression": names.pinned_clique_selector(spec.placement.clique)}}]}
                    if spec.placement.clique else {})}}],
             "config": [{"requests": [CHANNEL_REQUEST], "opaque": {
                 "driver": DRIVER, "parameters": channel_config(cd_name, namespace, uid, spec)}}],

@@ -77,9 +77,13 @@ def install_crd(client: Client) -> None:
 def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]], *,
                      addresses: dict[str, str] | None = None) -> None:
     """Nodes as a healthy kubelet leaves them (Ready, Lease), waited until the node-lifecycle
-    controller lifted the not-ready taint, so the scheduler may use them."""
+    controller lifted the not-ready taint, so the scheduler may use them. A node given a clique
+    label gets the fabric-ready one too, as its agent labels both at once (the controller counts
+    the nodes of a clique by them)."""
     now = datetime.datetime.now(datetime.UTC)
     for name, labels in labels_by_name.items():
+        if names.CLIQUE_LABEL in labels:
+            labels = {names.FABRIC_READY_LABEL: "true", **labels}
         client.create(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **labels}),
                            spec=NodeSpec()))
         client.patch(Node.Status, name, {"status": NodeStatus(

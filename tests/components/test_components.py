@@ -467,13 +467,16 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
     assert argv[0] == "python"
 
 
-def test_the_driver_passes_the_allowed_imex_modes_to_the_agents() -> None:
+def test_the_driver_passes_the_allowed_imex_modes_to_the_agents_and_the_controller() -> None:
     objs = driver_objects(NvlfabricDriverArgs(imex_modes=["CliqueScoped"]))  # type: ignore[list-item]
     ds, keeper = [o for o in objs if o["kind"] == "DaemonSet"]
     assert {"name": "IMEX_MODES", "value": "CliqueScoped"} in ds["spec"]["template"]["spec"]["containers"][0]["env"]
     # The keeper runs whatever the agent asks for: the modes are the agent's setting only.
     assert keeper["metadata"]["name"] == "nvlfabric-imex"
     assert all(e["name"] != "IMEX_MODES" for e in keeper["spec"]["template"]["spec"]["containers"][0]["env"])
+    # The controller knows them as well: it fails a domain of another mode instead of placing it.
+    ctl = next(o for o in objs if o["kind"] == "Deployment")
+    assert {"name": "IMEX_MODES", "value": "CliqueScoped"} in ctl["spec"]["template"]["spec"]["containers"][0]["env"]
     default = next(o for o in driver_objects(NvlfabricDriverArgs()) if o["kind"] == "DaemonSet")
     assert {"name": "IMEX_MODES", "value": "CliqueScoped,Dedicated"} in \
         default["spec"]["template"]["spec"]["containers"][0]["env"]

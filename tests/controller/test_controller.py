@@ -98,11 +98,11 @@ def channel_pod(name: str, claim: str, where: str, *, gated: bool = False) -> Po
                               resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
 
 
-def provider_domain(client: Client, name: str) -> str:
+def provider_domain(client: Client, name: str, spec: dict[str, Any] | None = None) -> str:
     """A ComputeDomain and its channel claim as the provider makes them (the claim's opaque channel
     config is what a strategic-merge patch of its status trips over); returns the claim's name."""
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
-    body = channel_claim(name, "default", cd.metadata.uid, api.ComputeDomainSpec())
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec or {}))
+    body = channel_claim(name, "default", cd.metadata.uid, api.ComputeDomainSpec.model_validate(spec or {}))
     client.create(ResourceClaim.from_dict(body))
     return str(body["metadata"]["name"])
 

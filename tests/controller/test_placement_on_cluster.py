@@ -7,6 +7,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
@@ -19,7 +20,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
-from nvlfabric.controller import pools
+from nvlfabric.controller import feasibility, pools
 from nvlfabric.controller.reconcile import ComputeDomainResource, Controller
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.provider.computedomain import channel_claim
@@ -188,4 +189,55 @@ def test_a_multi_clique_domain_gets_a_clique_per_group_all_at_once_or_none(
                     client.delete(ResourceClaim, c, namespace="default")
             with contextlib.suppress(ApiError):
                 client.delete(ComputeDomainResource, d, namespace="default")
+        worker.join(timeout=5)
+
+
+def test_domains_the_cluster_cannot_satisfy_fail_naming_why_and_hold_no_channel(
+        cluster: Cluster, racks: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A domain pinned to a clique no node is in, and one of a mode the driver does not allow: both
+    Failed with the reason, their pods still gated, their claims unallocated. A domain pinned to a
+    clique that exists gets that clique, not the one placement would choose for it."""
+    monkeypatch.setattr(feasibility, "INVENTORY_GRACE_S", 0.0)  # the agents here are all up
+    client: Client = cluster.client
+    run, where = racks
+    pinned_to = max(where.values())  # ties go to the first clique by name: pin the last
+    specs: dict[str, dict[str, Any]] = {
+        f"plc-{run}-unknown": {"placement": {"clique": f"{uuid.uuid4()}.7"}},
+        f"plc-{run}-dedicated": {"imexMode": "Dedicated"},
+        f"plc-{run}-pinned": {"placement": {"clique": pinned_to}},
+    }
+    claims = {d: provider_domain(client, d, s) for d, s in specs.items()}
+    pods = {d: [f"{d}-{i}" for i in range(NODES_PER_CLIQUE)] for d in specs}
+    modes = frozenset({api.IMEXMode.CLIQUE_SCOPED})
+    reserver = Reserver(client, pools.DRIVER, channels_per_clique=4, imex_modes=modes)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+    try:
+        for d in specs:
+            for p in pods[d]:
+                client.create(whole_rack_pod(p, claims[d], run))
+        pinned = f"plc-{run}-pinned"
+        eventually("the pinned domain's pods to be bound", lambda: all(
+            client.get(Pod, p, namespace="default").spec.nodeName for p in pods[pinned]), timeout=60)
+        assert {where[client.get(Pod, p, namespace="default").spec.nodeName] for p in pods[pinned]} == {pinned_to}
+
+        ctl = Controller(client, channels_per_clique=4, imex_modes=modes)
+        ctl.reconcile_domains()
+        for d, reason, words in [(f"plc-{run}-unknown", "UnknownClique", "is not a clique of this cluster"),
+                                 (f"plc-{run}-dedicated", "IMEXModeNotAllowed", "imexMode Dedicated is not allowed")]:
+            status = client.get(ComputeDomainResource, d, namespace="default").status
+            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+            assert (status["phase"], ready["reason"]) == ("Failed", reason), status
+            assert words in ready["message"]
+            claim = client.get(ResourceClaim, claims[d], namespace="default")
+            assert claim.status is None or claim.status.allocation is None, f"{d}'s claim holds a channel"
+            for p in pods[d]:
+                spec = client.get(Pod, p, namespace="default").spec
+                assert spec.schedulingGates and not spec.nodeName, f"{p} was let through"
+        assert client.get(ComputeDomainResource, pinned, namespace="default").status["phase"] != "Failed"
+    finally:
+        stop.set()
+        for d in specs:
+            remove_domain(client, d, claims[d], pods[d])
         worker.join(timeout=5)
