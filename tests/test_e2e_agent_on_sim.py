@@ -320,3 +320,52 @@ def test_running_pods_keep_their_imex_daemon_across_an_agent_kill_and_a_rolling_
         eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"))
     client.delete(ComputeDomainResource, name, namespace="default")
     client.delete(ResourceClaim, f"{name}-channel", namespace="default")
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    # (The simulated kubelet still rewrites paths in the environment to its node's directories,
+    # issue 15: the message names the node's stand-in for the path, ending as the path does.)
+    pytest.param({"kubelet_root": "/var/lib/kubelet-typo"},
+                 "/var/lib/kubelet-typo has no plugins_registry directory, so it is not the kubelet's root",
+                 id="kubelet-root"),
+    pytest.param({"driver_root": "/run/nvidia/driver-typo"}, "has no libnvidia-ml.so.1 (looked in usr/lib64",
+                 id="driver-root"),
+])
+def test_an_agent_given_a_wrong_root_refuses_to_start_and_says_so_in_its_pod_status(
+        sim: tuple[ControlPlane, Client], override: dict[str, str], named: str) -> None:
+    """The agent DaemonSet as NvlfabricDriver(kubelet_root=... / driver_root=...) makes it, with a
+    typo: its container exits at once and restarts with back-off, and `kubectl describe pod`
+    shows why (the termination message from its log), instead of Running "healthy" while the
+    kubelet never finds it or NVML never loads. The node's real agent is not disturbed."""
+    from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
+
+    cp, client = sim
+    node = cp.nodes()[-1].name
+    name = f"typo-{next(iter(override)).split('_')[0]}"
+    (ds,) = [o for o in driver_objects(NvlfabricDriverArgs(**override))  # type: ignore[arg-type]
+             if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvlfabric-agent"]
+    ds["metadata"]["name"] = name
+    ds["spec"]["selector"] = {"matchLabels": {"app.kubernetes.io/name": name}}
+    ds["spec"]["template"]["metadata"]["labels"] = {"app.kubernetes.io/name": name}
+    ds["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    real = _agent_pods(client)[node]
+    before = real.status.containerStatuses[0].restartCount
+    client.create(DaemonSet.from_dict(ds))
+    try:
+        def refused() -> object:
+            pods = list(client.list(Pod, namespace="nvlfabric-system", labels={"app.kubernetes.io/name": name}))
+            status = pods[0].status.containerStatuses[0] if pods and pods[0].status and \
+                pods[0].status.containerStatuses else None
+            last = status.lastState.terminated if status and status.lastState else None
+            return last if last is not None and status is not None and status.restartCount >= 1 else None
+
+        last = eventually(f"the {name} agent to exit and be restarted", refused, timeout=60)
+        assert last.exitCode == 2, last
+        assert named in (last.message or ""), last.message
+        flag = "--kubelet-root / $KUBELET_ROOT" if "kubelet_root" in override else "--driver-root / $DRIVER_ROOT"
+        assert (last.message or "").startswith(f"nvlfabric agent: {flag}: ") and "set NvlfabricDriver(" in last.message
+        assert (last.message or "").strip().count("\n") == 0, "the refusal is one line"
+        now = _agent_pods(client)[node]
+        assert now.metadata.uid == real.metadata.uid and now.status.containerStatuses[0].restartCount == before
+    finally:
+        client.delete(DaemonSet, name, namespace="nvlfabric-system")

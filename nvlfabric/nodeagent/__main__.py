@@ -124,6 +124,7 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
     metrics.serve(args.metrics_port, args.listen_address)
     monitor.start(stop)
     next_resync = time.monotonic() + args.resync_s
+    register_by = time.monotonic() + args.registration_timeout_s if args.registration_timeout_s else None
     try:
         # Wake every DEDICATED_SYNC_S: dedicated IMEX domains' membership changes as members join,
         # and a status report that failed is owed (a prepare cannot wait for the next resync to
@@ -131,6 +132,16 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
         # logged and retried at the next one: the API server being briefly away must not stop the
         # agent.
         while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S, max(0.0, next_resync - time.monotonic()))):
+            if register_by is not None and not server.registration.registered.is_set():
+                if time.monotonic() >= register_by:
+                    log.error("the kubelet has not registered this plugin %gs after its socket %s appeared: no "
+                              "kubelet watches that directory; check --kubelet-root / $KUBELET_ROOT (%s): it must be "
+                              "the kubelet's --root-dir (NvlfabricDriver kubelet_root). Exiting, to be restarted",
+                              args.registration_timeout_s, sockets.registration, args.kubelet_root)
+                    stop.set()
+                    return 1
+            else:
+                register_by = None
             try:
                 if time.monotonic() < next_resync:
                     driver.sync_dedicated()
@@ -155,6 +166,11 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = settings.parse(sys.argv[1:] if argv is None else argv)
+    except process.SettingsError as exc:
+        print(f"nvlfabric agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        settings.check_paths(cfg)
     except process.SettingsError as exc:
         print(f"nvlfabric agent: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,16 @@ from pydantic import BaseModel
 
 FABRIC_STATES = {0: "NotSupported", 1: "NotStarted", 2: "InProgress", 3: "Completed"}
 HEALTH_SUMMARIES = {0: "NotSupported", 1: "Healthy", 2: "Unhealthy", 3: "LimitedCapacity"}
-LIB_REL = Path("usr/lib64/libnvidia-ml.so.1")
+LIB_NAME = "libnvidia-ml.so.1"
+LIB_DIRS = ("usr/lib64", "usr/lib/aarch64-linux-gnu", "usr/lib/x86_64-linux-gnu", "usr/lib", "lib64",
+            "lib/aarch64-linux-gnu", "lib/x86_64-linux-gnu")
+"""Where a driver root keeps the NVML library: the GPU Operator's driver container and RPM
+distributions (usr/lib64), Debian-style multiarch hosts (GB200's Grace CPUs are aarch64)."""
+
+
+def nvml_library(driver_root: Path) -> Path | None:
+    """The NVML library under `driver_root`, or None when it has none (not a driver root)."""
+    return next((p for d in LIB_DIRS if (p := driver_root / d / LIB_NAME).exists()), None)
 
 
 class GpuFabric(BaseModel):
@@ -67,8 +76,9 @@ class NvmlUnavailable(Exception):
 
 
 def load_library(driver_root: Path | None) -> None:
-    if driver_root is not None and (driver_root / LIB_REL).exists():
-        ctypes.CDLL(str(driver_root / LIB_REL), mode=ctypes.RTLD_GLOBAL)
+    lib = nvml_library(driver_root) if driver_root is not None else None
+    if lib is not None:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
 
 
 def _text(value: Any) -> str:

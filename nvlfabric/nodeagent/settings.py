@@ -49,6 +49,9 @@ class Settings:
     """Prometheus metrics (/metrics); 0 disables."""
     imex_keeper_socket: Path
     """The IMEX keeper's socket (the `nvlfabric-imex` DaemonSet's pod runs this node's IMEX daemons)."""
+    registration_timeout_s: float = 60.0
+    """The agent exits (1) when the kubelet has not registered it this long after it started
+    serving: its sockets are not where this node's kubelet looks. 0: wait for ever."""
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -73,9 +76,23 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     opt("--listen-address", "LISTEN_ADDRESS", "", "address for the health and metrics ports (the pod IP)")
     opt("--health-port", "HEALTH_PORT", "51515", "gRPC health service that checks the kubelet sockets; 0 disables")
     opt("--metrics-port", "METRICS_PORT", "0", "Prometheus metrics (/metrics); 0 disables")
+    opt("--registration-timeout", "REGISTRATION_TIMEOUT", "60",
+        "seconds to wait for the kubelet to register the plugin before exiting; 0: for ever")
     opt("--imex-keeper-socket", "IMEX_KEEPER_SOCKET", "",
         "the IMEX keeper's socket (default: keeper.sock in the IMEX work directory under the kubelet root)")
     return ap
+
+
+def _timeout(value: str) -> float:
+    try:
+        if float(value) == 0:
+            return 0.0
+    except ValueError:
+        pass
+    try:
+        return process.seconds(value, flag="--registration-timeout", env="REGISTRATION_TIMEOUT")
+    except SettingsError as exc:
+        raise SettingsError(f"{exc} (0: wait for ever)") from None
 
 
 def _port(value: str, flag: str, env: str) -> int:
@@ -96,5 +113,35 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         imex_modes=process.imex_modes(a.imex_modes), log_format=a.log_format, listen_address=a.listen_address,
         health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
         metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"),
+        registration_timeout_s=_timeout(a.registration_timeout),
         imex_keeper_socket=Path(a.imex_keeper_socket) if a.imex_keeper_socket else
         imexkeeper.default_workdir(Path(a.kubelet_root)) / imexkeeper.SOCKET_NAME)
+
+
+def check_paths(cfg: Settings) -> None:
+    """A `SettingsError` when the kubelet root or the driver root is not what it claims to be, so
+    that a wrong `NvlfabricDriver(kubelet_root=..., driver_root=...)` stops the agent with the
+    setting named (its pod restarts with back-off, the line in its logs and termination message)
+    instead of running "healthy" while the kubelet never finds it or NVML never loads.
+
+    - The kubelet makes `<root-dir>/plugins_registry` when it starts; without it nothing there is
+      a kubelet's, and no kubelet would find our registration socket.
+    - A driver root holds the NVML library (`discovery.LIB_DIRS`). Under the GPU Operator the
+      driver container fills it once the driver is installed: until then the agent restarts and
+      waits, as it should, instead of labelling the node not ready for good.
+    """
+    from nvlfabric.nodeagent import discovery
+
+    registry = cfg.kubelet_root / "plugins_registry"
+    if not registry.is_dir():
+        raise SettingsError(
+            f"--kubelet-root / $KUBELET_ROOT: {cfg.kubelet_root} has no plugins_registry directory, so it is not the "
+            "kubelet's root directory (its --root-dir, /var/lib/kubelet unless changed) and the kubelet would never "
+            "find this plugin; set NvlfabricDriver(kubelet_root=...) to it")
+    if not cfg.driver_root.is_dir() or discovery.nvml_library(cfg.driver_root) is None:
+        what = "does not exist" if not cfg.driver_root.exists() else \
+            f"has no {discovery.LIB_NAME} (looked in {', '.join(discovery.LIB_DIRS[:3])}, ...)"
+        raise SettingsError(
+            f"--driver-root / $DRIVER_ROOT: {cfg.driver_root} {what}, so it is not an NVIDIA driver root; set "
+            "NvlfabricDriver(driver_root=...) to where the driver's files are (the GPU Operator's driver container: "
+            "/run/nvidia/driver; a driver installed on the host: /)")

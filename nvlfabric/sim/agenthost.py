@@ -330,9 +330,13 @@ class AgentProcess:
     """
 
     def __init__(self, host: Host, kubeconfig: Path, *, resync_seconds: float = 30.0,
-                 in_cluster: tuple[str, Path] | None = None, health_port: int = 0, metrics_port: int = 0) -> None:
+                 in_cluster: tuple[str, Path] | None = None, health_port: int = 0, metrics_port: int = 0,
+                 registration_timeout: float = 0.0) -> None:
         """`in_cluster`: (API server host:port, service-account dir with token and ca.crt): the agent
-        configured as in its DaemonSet, instead of from `kubeconfig`."""
+        configured as in its DaemonSet, instead of from `kubeconfig`. `registration_timeout`: the
+        agent's --registration-timeout (0 here: tests often play the kubelet's part without
+        registering the plugin)."""
+        self.registration_timeout = registration_timeout
         self.host = host
         self.kubeconfig = kubeconfig
         self.resync_seconds = resync_seconds
@@ -353,7 +357,7 @@ class AgentProcess:
                 "--proc-devices", str(n.proc_devices), "--boot-id", str(self.host.boot_id),
                 "--resync-seconds", str(self.resync_seconds), "--log-format", "text",
                 "--health-port", str(self.ports[0]), "--metrics-port", str(self.ports[1]),
-                "--listen-address", "127.0.0.1"]
+                "--listen-address", "127.0.0.1", "--registration-timeout", str(self.registration_timeout)]
 
     def spawn(self) -> subprocess.Popen[bytes]:
         assert not self.alive, "the agent is already running"

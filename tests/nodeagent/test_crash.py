@@ -539,3 +539,27 @@ def test_a_corrupt_checkpoint_is_rebuilt_from_the_api_server(node: Node, cluster
     assert not host.cdi_specs() and not host.channel_nodes()
     kubelet.close()
     assert node.agent.terminate() == 0
+
+
+def test_an_agent_no_kubelet_registers_exits_naming_the_kubelet_root(cluster: Cluster) -> None:
+    """Sockets in a plugins_registry no kubelet watches (a kubelet root that is another kubelet's,
+    or left over): the agent exits after its registration timeout, naming the setting, so its pod
+    restarts with back-off and says why instead of running "healthy" unused."""
+    client = cluster.client
+    state = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))
+    host = ap.make_host(state, RACKS)
+    ap.register(client, host)
+    agent = ap.AgentProcess(host, cluster.kubeconfig, registration_timeout=2.0)
+    try:
+        agent.spawn()
+        assert agent.proc is not None
+        assert agent.proc.wait(timeout=60) == 1
+        log = agent.log.read_text()
+        assert "the kubelet has not registered this plugin 2s after its socket" in log, log
+        assert f"check --kubelet-root / $KUBELET_ROOT ({host.node.kubelet_root})" in log
+    finally:
+        agent.kill()
+        agent.keeper.kill()
+        ap.stop_daemons(host)
+        ap.unregister(client, host)
+        ap.remove_host(host)

@@ -283,9 +283,11 @@ class SimKubelet:
                 continue
             if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
                 continue
+            message = proc.termination_message(code)
             new = proc.restart()
             state.processes[uid] = new
-            await self._report_running(state, pod, restarts=new.restarts, last_exit=code)
+            await self._report_running(state, pod, restarts=new.restarts, last_exit=code,
+                                       last_message=(proc.container.name, message) if message else None)
 
     async def _scan_plugins(self, state: NodeState) -> None:
         present = registry_sockets(state.node.registry_dir)
@@ -554,7 +556,7 @@ class SimKubelet:
                 return
 
     async def _report_running(self, state: NodeState, pod: Pod, *, restarts: int = 0,
-                              last_exit: int | None = None) -> None:
+                              last_exit: int | None = None, last_message: tuple[str, str] | None = None) -> None:
         assert pod.metadata is not None and pod.spec is not None
         t = rfc3339()
         containers: list[dict[str, Any]] = [
@@ -570,6 +572,8 @@ class SimKubelet:
             for c in containers:
                 c["lastState"] = {"terminated": {"exitCode": last_exit if last_exit >= 0 else 128 - last_exit,
                                                  "reason": "Error", "finishedAt": t}}
+                if last_message is not None and last_message[0] == c["name"]:
+                    c["lastState"]["terminated"]["message"] = last_message[1]
         status = {"status": {
             "phase": "Running", "startTime": t, "hostIP": state.node.address,
             "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,

@@ -46,10 +46,28 @@ class PodProcess:
     cwd: Path
     restarts: int = 0
     restart_after: float = 0.0
+    log_offset: int = 0
+    """Where this instance's output starts in the container's log (restarts append to it)."""
 
     @property
     def pid_file(self) -> Path:
         return self.cwd / f"{self.container.name}.pid"
+
+    def termination_message(self, code: int) -> str | None:
+        """`lastState.terminated.message` as the kubelet writes it for an instance that exited with
+        `code`: with `terminationMessagePolicy: FallbackToLogsOnError` and a failed exit, the end of
+        its log (the last 80 lines, 2048 bytes at most). The termination-message file itself is not
+        read here: nothing we run writes one."""
+        if code == 0 or self.container.terminationMessagePolicy != "FallbackToLogsOnError":
+            return None
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(self.log_offset)
+                data = fh.read()
+        except OSError:
+            return None
+        tail = "\n".join(data.decode(errors="replace").splitlines()[-80:]).encode()[-2048:]
+        return tail.decode(errors="ignore") or None
 
     def restart(self) -> PodProcess:
         """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
@@ -204,10 +222,11 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command:
 def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
             env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
     with log_path.open("ab") as fh:
+        offset = fh.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 cwd=cwd, start_new_session=True)
     pp = PodProcess(pod_uid=pod_uid, pod_name=pod_name, namespace=namespace, container=container, proc=proc,
-                    log_path=log_path, argv=argv, env=env, cwd=cwd)
+                    log_path=log_path, argv=argv, env=env, cwd=cwd, log_offset=offset)
     # `nvlfabric-sim fault agent-killed` finds the process through this file.
     pp.pid_file.write_text(f"{proc.pid}\n")
     return pp
