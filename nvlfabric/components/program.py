@@ -7,6 +7,8 @@ in a process of its own, so this registry holds exactly what the program declare
   "this stack did not create it"); the second is refused, naming the first;
 - the IMEX modes each NvlfabricDriver allows and each ComputeDomain needs: a domain whose mode no
   declared driver allows would hold its channel while every prepare fails.
+- the taints of the declared racks: workloads declared after a rack tolerate its taints; a rack
+  whose taint a workload declared before it does not tolerate is refused, naming both.
 Checked both ways (a domain declared before the driver is judged when the driver comes).
 """
 
@@ -18,6 +20,7 @@ _NAMES: dict[tuple[str, str, str], tuple[str, str]] = {}  # (kind, namespace, na
 _DRIVER_MODES: dict[str, set[str]] = {}  # driver resource → its imex_modes
 _DOMAIN_MODES: dict[str, tuple[str, str]] = {}  # ComputeDomain resource → (its name, imexMode)
 _TAINTS: list[dict[str, str]] = []  # what the declared racks taint their Nodes with
+_WORKLOADS: dict[str, list[dict[str, str]]] = {}  # BoundJob resource → its pods' tolerations
 
 
 def take(kind: str, namespace: str, name: str, *, component: str, resource_name: str) -> None:
@@ -53,10 +56,39 @@ def _check(resource_name: str, name: str, mode: str) -> None:
             f"of its channel would fail: use imexMode {allowed[0]}, or add {mode} to the driver's imex_modes")
 
 
-def rack_taints(taints: list[dict[str, str]]) -> None:
+def tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    """Whether one of `tolerations` tolerates `taint` (Kubernetes' matching: Exists matches any
+    value, an empty key with Exists every taint, an empty effect every effect)."""
+    for h in tolerations:
+        if h.get("operator") == "Exists":
+            key = h.get("key") in (None, "", taint["key"])
+        else:
+            key = h.get("key") == taint["key"] and h.get("value", "") == taint.get("value", "")
+        if key and h.get("effect") in (None, "", taint["effect"]):
+            return True
+    return False
+
+
+def rack_taints(taints: list[dict[str, str]], resource_name: str = "") -> None:
     """Record a rack's taints: the workloads declared after it tolerate them, or their pods could
-    never be placed on the rack they were declared for."""
+    never be placed on the rack they were declared for. A workload declared before it, whose
+    pods do not tolerate one of them, is an error: it was created without the toleration."""
+    for workload, tolerations in _WORKLOADS.items():
+        missing = [t for t in taints if not tolerates(tolerations, t)]
+        if missing:
+            t = missing[0]
+            taint = f"{t['key']}={t.get('value', '')}:{t['effect']}"
+            raise ComponentArgsError(
+                f"Nvl72Rack {resource_name!r}: invalid arguments\n  taints: {taint} is not tolerated by BoundJob "
+                f"{workload!r}, declared before this rack, so its pods could never run on it: declare the rack "
+                "before the workloads that run on it (they then tolerate its taints), or add the toleration to "
+                f"{workload!r}'s pod_template")
     _TAINTS.extend(t for t in taints if t not in _TAINTS)
+
+
+def workload_tolerations(resource_name: str, tolerations: list[dict[str, str]]) -> None:
+    """Record a BoundJob's pod tolerations, for the racks declared after it."""
+    _WORKLOADS[resource_name] = tolerations
 
 
 def declared_taints() -> list[dict[str, str]]:
@@ -66,6 +98,7 @@ def declared_taints() -> list[dict[str, str]]:
 def reset() -> None:
     """Forget everything (a test's fresh program)."""
     _TAINTS.clear()
+    _WORKLOADS.clear()
     _NAMES.clear()
     _DRIVER_MODES.clear()
     _DOMAIN_MODES.clear()

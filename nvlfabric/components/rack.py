@@ -104,7 +104,7 @@ class Nvl72Rack(pulumi.ComponentResource):
         if a.label_nodes:
             for n in a.nodes:  # a node labelled by two racks: two owners of its nvlfabric.io/rack label
                 program.take("Node", "", n, component="Nvl72Rack", resource_name=resource_name)
-            program.rack_taints([t.model_dump() for t in a.taints])
+            program.rack_taints([t.model_dump() for t in a.taints], resource_name)
             node_labels = {RACK_LABEL: a.name}
             if a.expected_clique:
                 node_labels[EXPECTED_CLIQUE_LABEL] = a.expected_clique

@@ -279,19 +279,8 @@ def tolerating(tpl: dict[str, Any], taints: list[dict[str, str]]) -> dict[str, A
     out = copy.deepcopy(tpl)
     spec = out["spec"]
     have = list(spec.get("tolerations") or [])
-
-    def tolerated(t: dict[str, str]) -> bool:
-        for h in have:
-            if h.get("operator") == "Exists":
-                key = h.get("key") in (None, "", t["key"])
-            else:
-                key = h.get("key") == t["key"] and h.get("value", "") == t.get("value", "")
-            if key and h.get("effect") in (None, "", t["effect"]):
-                return True
-        return False
-
     added = [{"key": t["key"], "operator": "Equal", "value": t.get("value", ""), "effect": t["effect"]}
-             for t in taints if not tolerated(t)]
+             for t in taints if not program.tolerates(have, t)]
     if added:
         spec["tolerations"] = [*have, *added]
     return out
@@ -587,6 +576,7 @@ class BoundJob(pulumi.ComponentResource):
                             self.args.gpus_per_pod if self.args.gpu_resource else 0)
         program.take("workload", compute_domain.namespace, self.args.name, component="BoundJob",
                      resource_name=resource_name)
+        program.workload_tolerations(resource_name, list(self.args.pod_template["spec"].get("tolerations") or []))
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
         short = capacity.shortfall(self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
                                    gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0,

@@ -225,3 +225,16 @@ def test_a_job_tolerates_the_taints_of_the_racks_declared_before_it() -> None:
         {"key": "site/maint", "operator": "Exists"},  # the user's own already covers this taint
         {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
     assert tpl["spec"]["tolerations"] == [{"key": "site/maint", "operator": "Exists"}]  # not modified
+
+
+def test_a_rack_whose_taint_a_job_declared_before_it_does_not_tolerate_is_refused_naming_both() -> None:
+    tolerant = {"spec": {"containers": [CONTAINER], "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}
+    BoundJob("ok", compute_domain=ComputeDomain("cd0"), pod_template=tolerant)
+    Nvl72Rack("rack0", nodes=["n0"], observe=False, taints=[{"key": "nvidia.com/gpu", "value": "present"}])
+    BoundJob("train", compute_domain=ComputeDomain("cd"), pod_template={"spec": {"containers": [CONTAINER]}})
+    with pytest.raises(ComponentArgsError) as err:
+        Nvl72Rack("rack1", nodes=["n1"], observe=False, taints=[{"key": "site/maint", "effect": "NoExecute"}])
+    (first, line) = str(err.value).splitlines()
+    assert first == "Nvl72Rack 'rack1': invalid arguments"
+    assert "taints: site/maint=:NoExecute is not tolerated by BoundJob 'ok', declared before this rack" in line
+    assert "declare the rack before the workloads that run on it" in line
