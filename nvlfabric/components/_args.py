@@ -6,6 +6,7 @@ each naming the component, the field, what was wrong and how to fix it (the fiel
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, TypeVar
 
 import pulumi
@@ -41,15 +42,31 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "(arguments)"
 
 
-def validate(model: type[M], component: str, resource_name: str, values: dict[str, Any]) -> M:
-    """`model` validated from `values`, or a `ComponentArgsError` naming each field and its fix."""
+def _named_in(model: type[BaseModel], message: str) -> tuple[str, ...]:
+    """The field a problem of the arguments as a whole is about: the first of the model's fields
+    its message names (a cross-field rule names the field to change first), else none."""
+    found = [(m.start(), name) for name in model.model_fields
+             if (m := re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)) is not None]
+    return (min(found)[1],) if found else ()
+
+
+def validate(model: type[M], component: str, resource_name: str, values: dict[str, Any],
+             unknown: dict[str, Any] | None = None) -> M:
+    """`model` validated from `values`, or a `ComponentArgsError` naming each field and its fix.
+    `unknown`: the keywords the constructor has no parameter for, each refused as unknown (an
+    internal field a component derives, e.g. BoundJob's clique_groups, among them: given as a
+    keyword it would override what the component derived)."""
+    values = {**values, **{(f"{k} " if k in model.model_fields else k): v for k, v in (unknown or {}).items()}}
     try:
         return model.model_validate(values)
     except ValidationError as exc:
         problems: list[tuple[tuple[int | str, ...], str]] = []
         for err in exc.errors():
             loc = tuple(err["loc"])
+            if err["type"] == "extra_forbidden":
+                loc = tuple(str(p).rstrip() for p in loc)  # an internal field given as a keyword
             field = model.model_fields.get(str(loc[0])) if loc else None
+            loc = loc or _named_in(model, err["msg"])
             hint = f" (expected: {field.description})" if field is not None and field.description else ""
             # (the input of a problem of the arguments as a whole is all of them: not worth repeating)
             got = "" if err["type"] in ("missing", "extra_forbidden") or not loc else f" (got {err.get('input')!r})"

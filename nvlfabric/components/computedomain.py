@@ -58,7 +58,7 @@ class ComputeDomain(pulumi.ComponentResource):
         self.args = validate(ComputeDomainArgs, "ComputeDomain", resource_name, {
             "name": name if name is not None else resource_name, "namespace": namespace,
             "spec": spec if spec is not None else {}, "labels": labels or {}, "await_for": await_for,
-            "timeout_s": timeout_s, "force_delete": force_delete, **unknown})
+            "timeout_s": timeout_s, "force_delete": force_delete}, unknown)
         a = self.args
         program.take("ComputeDomain", a.namespace, a.name, component="ComputeDomain", resource_name=resource_name)
         program.domain_mode(resource_name, a.name, a.spec.imex_mode.value)

@@ -150,7 +150,7 @@ class NvlfabricDriver(pulumi.ComponentResource):
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
             "channels_per_clique": channels_per_clique, "labels": labels or {},
-            **({"imex_modes": imex_modes} if imex_modes is not None else {}), **unknown})
+            **({"imex_modes": imex_modes} if imex_modes is not None else {})}, unknown)
         program.driver_modes(resource_name, {m.value for m in self.args.imex_modes})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)

@@ -92,7 +92,7 @@ class Nvl72Rack(pulumi.ComponentResource):
         self.args = validate(Nvl72RackArgs, "Nvl72Rack", resource_name, {
             "name": name if name is not None else resource_name, "nodes": nodes,
             "expected_clique": expected_clique, "label_nodes": label_nodes, "taints": taints or [],
-            "observe": observe, "gpu_resource": gpu_resource, **unknown})
+            "observe": observe, "gpu_resource": gpu_resource}, unknown)
         super().__init__("nvlfabric:index:Nvl72Rack", resource_name, None, opts)
         a = self.args
         view = self._observe() if a.observe else None

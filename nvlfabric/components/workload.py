@@ -565,7 +565,7 @@ class BoundJob(pulumi.ComponentResource):
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
             "master_port": master_port, "scheduler": scheduler, "gpu_container": gpu_container,
-            "clique_groups": groups, **unknown})  # an unknown keyword is named with the valid ones
+            "clique_groups": groups}, unknown)  # an unknown keyword is named with the valid ones
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "

@@ -13,9 +13,13 @@ import pulumi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, program, workload
 from nvlfabric.components._args import ComponentArgsError, validate
+from nvlfabric.components.computedomain import ComputeDomainArgs
+from nvlfabric.components.driver import NvlfabricDriverArgs
+from nvlfabric.components.rack import Nvl72RackArgs
 from nvlfabric.components.workload import BoundJobArgs, bound_pod_template
 from tests.conftest import Cluster
 
@@ -238,3 +242,83 @@ def test_a_rack_whose_taint_a_job_declared_before_it_does_not_tolerate_is_refuse
     assert first == "Nvl72Rack 'rack1': invalid arguments"
     assert "taints: site/maint=:NoExecute is not tolerated by BoundJob 'ok', declared before this rack" in line
     assert "declare the rack before the workloads that run on it" in line
+
+
+# -- every component, every argument ----------------------------------------------------------------
+
+GOOD: dict[str, list[Any]] = {  # values a user would write, per argument name (any component)
+    "name": ["train", "rack-0", "a" * 57], "namespace": ["default", "ml"], "nodes": [["n0"], ["n0", "n1"]],
+    "spec": [{}, {"numNodes": 18}, {"imexMode": "Dedicated"}, {"placement": {"scope": "MultiClique", "cliques": 2},
+                                                                 "numNodes": 36}],
+    "labels": [{}, {"team": "ml"}], "await_for": ["Accepted", "Ready", None], "timeout_s": [60, 600.0],
+    "force_delete": [True, False], "expected_clique": [None, "abc.1"], "label_nodes": [True, False],
+    "taints": [[], [{"key": "nvidia.com/gpu", "value": "present"}]], "gpu_resource": ["nvidia.com/gpu"],
+    "image": ["nvlfabric/node-agent:0.1.0", "localhost:5000/agent@sha256:" + "a" * 64],
+    "driver_root": ["/run/nvidia/driver", "/"], "kubelet_root": ["/var/lib/kubelet"],
+    "channels_per_clique": [1, 128, 2047], "imex_modes": [["CliqueScoped"], ["CliqueScoped", "Dedicated"]],
+    "parallelism": [1, 18, 72], "gpus_per_pod": [1, 4], "kind": ["Job", "StatefulSet", "JobSet"],
+    "pod_template": [{"spec": {"containers": [CONTAINER]}}], "clique_groups": [None, 2],
+    "scheduler": ["auto", "nvlfabric"], "master_port": [29500], "wait": [True, False],
+}
+BAD = st.one_of(json_value, st.integers(-10**6, 10**6), st.text(max_size=70), st.just("x" * 64),
+                st.just("/run/../x"), st.floats(allow_nan=True))
+COMPONENTS = {
+    "NvlfabricDriver": (NvlfabricDriver, ["image", "driver_root", "kubelet_root", "channels_per_clique", "imex_modes",
+                                          "labels"]),
+    "ComputeDomain": (ComputeDomain, ["name", "namespace", "spec", "labels", "await_for", "timeout_s",
+                                      "force_delete"]),
+    "Nvl72Rack": (Nvl72Rack, ["name", "nodes", "expected_clique", "label_nodes", "taints", "gpu_resource"]),
+    "BoundJob": (BoundJob, ["name", "kind", "pod_template", "parallelism", "gpus_per_pod", "clique_groups",
+                            "scheduler", "master_port", "wait", "labels"]),
+}
+
+
+MODELS: dict[str, type[BaseModel]] = {"NvlfabricDriver": NvlfabricDriverArgs, "ComputeDomain": ComputeDomainArgs,
+                                      "Nvl72Rack": Nvl72RackArgs, "BoundJob": BoundJobArgs}
+
+
+@st.composite
+def component_call(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    kind = draw(st.sampled_from(sorted(COMPONENTS)))
+    fields = draw(st.lists(st.sampled_from(COMPONENTS[kind][1]), unique=True, max_size=4))
+    kwargs = {f: draw(st.one_of(st.sampled_from(GOOD[f]), BAD) if draw(st.booleans()) else st.sampled_from(GOOD[f]))
+              for f in fields}
+    if kind == "BoundJob":  # required arguments (leaving one out is Python's TypeError, naming it)
+        kwargs.setdefault("pod_template", GOOD["pod_template"][0])
+    if kind == "Nvl72Rack":
+        kwargs.setdefault("nodes", ["n0"])
+        kwargs["observe"] = False  # no cluster to read here
+    return kind, kwargs
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(call=component_call())
+def test_any_arguments_to_any_component_are_accepted_or_refused_one_line_per_named_field(
+        call: tuple[str, dict[str, Any]]) -> None:
+    """Never a raw exception: each component either takes the arguments or refuses them with its
+    name, the resource's name, and one line per problem that starts with an argument given."""
+    program.reset()  # each example is a program of its own
+    kind, kwargs = call
+    cls, _ = COMPONENTS[kind]
+    extra = {"compute_domain": ComputeDomain(f"cd-{uuid.uuid4().hex[:6]}")} if kind == "BoundJob" else {}
+    try:
+        cls("fuzz", **kwargs, **extra)
+    except ComponentArgsError as exc:
+        first, *lines = str(exc).splitlines()
+        assert first == f"{kind} 'fuzz': invalid arguments", str(exc)
+        assert lines, str(exc)
+        for line in lines:
+            assert line.startswith("  "), str(exc)
+            named = line.strip().split(":")[0].split(".")[0].split("[")[0].split(" ")[0]
+            # an argument given, or one whose default a cross-field rule names (parallelism 1 ...)
+            assert named in kwargs or named in MODELS[kind].model_fields or named == "compute_domain", \
+                (named, str(exc))
+
+
+def test_an_internal_field_given_as_a_keyword_is_an_unknown_argument_not_an_override() -> None:
+    """BoundJob derives clique_groups from its domain; as a keyword it made a one-clique job
+    look like two groups (found by the fuzz above)."""
+    msg = _refused(BoundJob, "train", compute_domain=ComputeDomain("cd"), pod_template={"spec": {
+        "containers": [CONTAINER]}}, clique_groups=2)
+    assert msg.splitlines()[1].startswith("  clique_groups: unknown argument; valid ones are name, kind, pod_template")
+    assert "clique_groups," not in msg  # internal: not offered as a valid one

@@ -68,13 +68,13 @@ def test_compute_domain_args() -> None:
     ({"name": "Job_A"}, "name", "DNS label"),
     ({"pod_template": {"spec": {"containers": []}}}, "pod_template", "non-empty list"),
     ({"pod_template": {"spec": {"containers": [{"name": "w"}]}}}, "pod_template", "name and an image"),
-    ({"parallelism": 19, "gpus_per_pod": 4}, "(arguments)", "72"),
+    ({"parallelism": 19, "gpus_per_pod": 4}, "parallelism", "72"),
     ({"kind": "Deployment"}, "kind", "'Job', 'StatefulSet', 'JobSet' or 'LeaderWorkerSet'"),
     ({"kind": "StatefulSet", "pod_template": {"spec": {"restartPolicy": "Never", "containers": [
-        {"name": "w", "image": "i"}]}}}, "(arguments)", "restartPolicy of a StatefulSet's pods must be Always"),
+        {"name": "w", "image": "i"}]}}}, "pod_template", "restartPolicy of a StatefulSet's pods must be Always"),
     ({"pod_template": {"spec": {"restartPolicy": "Always", "containers": [{"name": "w", "image": "i"}]}}},
-     "(arguments)", "restartPolicy of a Job's pods must be Never or OnFailure"),
-    ({"kind": "LeaderWorkerSet", "completions": 3}, "(arguments)", "completions applies to Job and JobSet"),
+     "pod_template", "restartPolicy of a Job's pods must be Never or OnFailure"),
+    ({"kind": "LeaderWorkerSet", "completions": 3}, "completions", "completions applies to Job and JobSet"),
 ])
 def test_bound_job_args(kwargs: dict[str, Any], field: str, words: str) -> None:
     args = {"name": "job", "pod_template": TEMPLATE} | kwargs
