@@ -92,7 +92,7 @@ from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names, immutable_changes
 from nvlfabric.api.names import CLIQUE_GROUPS_ANNOTATION, COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
 from nvlfabric.kube import errors as kube_errors
-from nvlfabric.provider import await_, errors, kube
+from nvlfabric.provider import await_, errors, host, kube
 from nvlfabric.provider.await_ import AwaitFor, Deadline, Snapshot
 
 T = TypeVar("T")
@@ -443,6 +443,7 @@ def _progress(message: str) -> None:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+host.install()  # in the dynamic provider host: our errors as their message, no traceback
 
 
 def _plain_errors(method: F) -> F:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nvlfabric.api import errors as api_errors
 from nvlfabric.api.names import DNS_SUBDOMAIN
 from nvlfabric.kube.errors import api_call
-from nvlfabric.provider import errors, kube
+from nvlfabric.provider import errors, host, kube
 
 
 class DeviceClassArgs(BaseModel):
@@ -94,6 +94,9 @@ def _outputs(obj: K8sDeviceClass, *, adopt: bool) -> dict[str, Any]:
         "adopt": adopt,
         "uid": meta.uid if meta else "",
     }
+
+
+host.install()  # in the dynamic provider host: our errors as their message, no traceback
 
 
 class DeviceClassProvider(ResourceProvider):

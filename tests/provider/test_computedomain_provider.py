@@ -626,6 +626,14 @@ def test_up_preview_destroy_through_the_pulumi_cli(api: Cluster, tmp_path: Path,
     proj.run("stack", "init", "test")
     proj.run("config", "set", "suffix", suffix)
 
+    # An error at up (here a namespace that does not exist) is its message, not a traceback.
+    proj.run("config", "set", "namespace", f"no-such-{suffix}")
+    failed = proj.run("up", "--yes", "--skip-preview", check=False)
+    assert failed.returncode != 0 and "Traceback" not in failed.stdout + failed.stderr, failed.stdout
+    assert f'error: create ComputeDomain no-such-{suffix}/{cd_name}: namespaces "no-such-{suffix}" not found' \
+        in failed.stdout, failed.stdout
+    proj.run("config", "rm", "namespace")
+
     proj.run("up", "--yes", "--skip-preview")
     outputs = proj.json("stack", "output", "--json")
     assert outputs["claim_name"] == f"{cd_name}-channel" and outputs["phase"] == "Pending" and outputs["uid"]
@@ -660,3 +668,24 @@ def test_up_preview_destroy_through_the_pulumi_cli(api: Cluster, tmp_path: Path,
 
 def test_the_resource_type_token() -> None:
     assert ComputeDomain._resource_type_name == "dynamic/nvlfabric:ComputeDomain"
+
+
+def test_in_the_dynamic_provider_host_our_errors_are_their_message_and_others_keep_their_traceback() -> None:
+    import traceback
+    import types
+
+    from nvlfabric.provider import host
+
+    main = types.SimpleNamespace(_abort_with_traceback=lambda fn: fn, traceback=traceback)
+    assert host.install(main) and host.install(main)  # idempotent
+    try:
+        raise errors.ObjectExists("ComputeDomain default/x exists and this stack did not create it")
+    except errors.ObjectExists:
+        assert main.traceback.format_exc() == "ComputeDomain default/x exists and this stack did not create it"
+    try:
+        raise KeyError("a bug")
+    except KeyError:
+        text = main.traceback.format_exc()
+        assert text.startswith("Traceback (most recent call last):") and "KeyError: 'a bug'" in text
+    assert main.traceback.print_exc is traceback.print_exc  # the rest of the module is the real one
+    assert not host.install(types.SimpleNamespace())  # not the host: nothing to do
