@@ -32,8 +32,9 @@ from pulumi.runtime import settings
 from pulumi.runtime.proto import engine_pb2_grpc
 
 SHUT_DOWN = "resource monitor shut down"
-STOPPED = ("the deployment stopped at the error reported above; resources registered after it were not "
-           "previewed or updated")
+STOPPED = ("the deployment stopped at the first error reported above; resources registered after it were not "
+           "previewed or updated, and errors after it that say 'the client connection is closing' are that stop, "
+           "not problems of their own")
 
 
 def _quiet(original: Callable[[Any], Exception]) -> Callable[[Any], Exception]:
