@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
 from nvlfabric.components import capacity, program
-from nvlfabric.components._args import validate
+from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.provider import kube, racks
 
 
@@ -101,6 +101,12 @@ class Nvl72Rack(pulumi.ComponentResource):
         # the Nodes it found (the others are named in the warning and in clique_mismatches);
         # unobserved, every declared node is patched, as the user asked.
         missing = {n.name for n in view.nodes if not n.exists} if view else set()
+        refused, warned = racks.rack_conflicts(view.nodes, a.name) if view and a.label_nodes else ([], [])
+        if refused:
+            raise ComponentArgsError(f"Nvl72Rack {resource_name!r}: invalid arguments\n"
+                                     + "\n".join(f"  nodes: {r}" for r in refused))
+        for w in warned:
+            pulumi.log.warn(f"rack {a.name}: {w}", resource=self)
         if a.label_nodes:
             for n in a.nodes:  # a node labelled by two racks: two owners of its nvlfabric.io/rack label
                 program.take("Node", "", n, component="Nvl72Rack", resource_name=resource_name)

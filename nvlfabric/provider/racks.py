@@ -15,7 +15,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.api import errors
-from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL
+from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL, RACK_LABEL
 from nvlfabric.kube.errors import api_call
 
 
@@ -28,6 +28,10 @@ class NodeView:
     fabric_ready: bool = False
     gpus_allocatable: int = 0
     gpus_requested: int = 0
+    rack: str | None = None
+    """Its `nvlfabric.io/rack` label now (the rack some declaration put it in)."""
+    rack_owner: str | None = None
+    """The field manager that owns that label (server-side apply), when one does."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,37 @@ def _requested(pods: Iterable[Pod], resource: str) -> int:
     return total
 
 
+def label_owner(obj: Node, label: str) -> str | None:
+    """The field manager whose managed fields hold `label` (server-side apply's owner), or None."""
+    for entry in (obj.metadata.managedFields if obj.metadata else None) or []:
+        labels = ((entry.fieldsV1 or {}).get("f:metadata") or {}).get("f:labels") or {}
+        if f"f:{label}" in labels:
+            return entry.manager
+    return None
+
+
+def rack_conflicts(nodes: Sequence[NodeView], rack: str) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the rack's Nodes another rack already claims (pure). Owned by a
+    manager that is not Pulumi's (kubectl label, another tool), `up` would fail with a field
+    conflict: refused at preview. Owned by Pulumi it may be this stack's own earlier name for
+    the rack (a rename updates it in place), or another stack's: a warning."""
+    refused, warned = [], []
+    for n in nodes:
+        if not n.exists or n.rack in (None, rack):
+            continue
+        owner = n.rack_owner or "no field manager"
+        text = (f"{n.name} is already in rack {n.rack!r} (label {RACK_LABEL}, owned by {owner!r}); a node is in one "
+                "rack")
+        if n.rack_owner is not None and n.rack_owner.startswith("pulumi-kubernetes"):
+            warned.append(f"{text}: if another stack's rack declares it, `pulumi up` fails with a field conflict on "
+                          f"{RACK_LABEL}; take it out of that rack first")
+        else:
+            refused.append(f"{text}, and `pulumi up` would fail with a field conflict on it: take it out of that "
+                           f"rack (`kubectl label node {n.name} {RACK_LABEL}-` if nothing declares it any more), or "
+                           f"name this rack {n.rack!r}")
+    return refused, warned
+
+
 def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[NodeView]:
     out = []
     for name in names:
@@ -96,5 +131,6 @@ def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[
         pods = client.list(Pod, namespace="*", fields={"spec.nodeName": name})
         out.append(NodeView(name=name, exists=True, ready=ready, clique=labels.get(CLIQUE_LABEL),
                             fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
-                            gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource)))
+                            gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource),
+                            rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL)))
     return out

@@ -367,3 +367,32 @@ def json_safe(kwargs: dict[str, Any]) -> bool:
         return json.loads(json.dumps(kwargs, allow_nan=False)) == kwargs
     except ValueError:
         return False
+
+
+@pytest.mark.cluster
+def test_a_node_another_rack_label_owns_is_refused_at_preview_naming_the_owner(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: preview was clean and `up` failed with a server-side apply conflict on the label."""
+    from lightkube.resources.core_v1 import Node
+
+    from nvlfabric.sim.cluster import delete_nodes, make_ready_nodes
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    by_hand, by_pulumi = f"lbl-{uuid.uuid4().hex[:5]}", f"lbl-{uuid.uuid4().hex[:5]}"
+    make_ready_nodes(cluster.client, {by_hand: {}, by_pulumi: {}})
+    try:
+        cluster.client.patch(Node, by_hand, {"metadata": {"labels": {"nvlfabric.io/rack": "old"}}},
+                             field_manager="kubectl-label")
+        cluster.client.patch(Node, by_pulumi, {"metadata": {"labels": {"nvlfabric.io/rack": "old"}}},
+                             field_manager="pulumi-kubernetes-0a1b2c3d")
+        msg = _refused(Nvl72Rack, "rack", name="rack-new", nodes=[by_hand])
+        assert msg.splitlines() == ["Nvl72Rack 'rack': invalid arguments", (
+            f"  nodes: {by_hand} is already in rack 'old' (label nvlfabric.io/rack, owned by 'kubectl-label'); a node "
+            "is in one rack, and `pulumi up` would fail with a field conflict on it: take it out of that rack "
+            f"(`kubectl label node {by_hand} nvlfabric.io/rack-` if nothing declares it any more), or name this "
+            "rack 'old'")]
+        program.reset()
+        Nvl72Rack("same", name="old", nodes=[by_hand])  # the rack it is in: nothing to refuse
+        Nvl72Rack("renamed", name="rack-new", nodes=[by_pulumi])  # maybe this stack's own: a warning only
+    finally:
+        delete_nodes(cluster.client, [by_hand, by_pulumi])
