@@ -29,6 +29,7 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
@@ -218,6 +219,34 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
     finally:
         stop.set()
         remove_domain(client, f"live-{run}", claim, [pod])
+
+
+@pytest.mark.cluster
+def test_an_entry_an_older_agent_applied_itself_is_dropped_and_the_status_then_stays_put(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """Agents before session 6 applied their own status.nodes entry under their own field
+    manager; the controller's apply cannot remove such an item, so a node that left stayed a
+    member and the status was rewritten every pass."""
+    client, (clique, names) = cluster.client, clique_nodes
+    ctl = Controller(client, channels_per_clique=4)
+    run = names[0].split("-")[1]
+    cd = f"old-{run}"
+    claim = provider_domain(client, cd)
+    try:
+        old = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": cd, "namespace": "default"},
+               "status": {"nodes": [{"name": "gone-node", "ready": True, "clique": clique}]}}
+        client.patch(ComputeDomainResource.Status, cd, old, namespace="default", patch_type=PatchType.APPLY,
+                     field_manager="nvlfabric-agent-gone-node", force=True)
+        agent_report(client, names[0], cd, api.NodeStatus(name=names[0], ready=True, clique=clique))
+        ctl.reconcile_domains()
+        obj = client.get(ComputeDomainResource, cd, namespace="default")
+        assert [n["name"] for n in obj.status["nodes"]] == [names[0]]
+        version = obj.metadata.resourceVersion
+        ctl.reconcile_domains()
+        assert client.get(ComputeDomainResource, cd, namespace="default").metadata.resourceVersion == version
+    finally:
+        client.patch(Node, names[0], {"metadata": {"annotations": {api.node_report_key("default", cd): None}}})
+        remove_domain(client, cd, claim, [])
 
 
 @pytest.mark.cluster
