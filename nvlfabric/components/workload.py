@@ -67,6 +67,7 @@ from nvlfabric.api.names import (
     LWS_WORKER_INDEX,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
+    MAX_CLIQUES_PER_DOMAIN,
     MAX_PODS_PER_CLAIM,
     POD_GROUP_ANNOTATION,
     POD_GROUP_TEMPLATE,
@@ -118,9 +119,9 @@ class BoundJobArgs(BaseModel):
                                                   "LeaderWorkerSet (the last two need their controllers)")
     pod_template: dict[str, Any] = Field(
         description="a PodTemplateSpec as a dict: {'metadata': {...}, 'spec': {'containers': [{'name', 'image'}]}}")
-    parallelism: int = Field(1, ge=1, le=MAX_PODS_PER_CLAIM,
-                             description=f"pods running at once, 1..{MAX_PODS_PER_CLAIM} "
-                                         "(a claim's reservedFor limit)")
+    parallelism: int = Field(1, ge=1, le=MAX_PODS_PER_CLAIM * MAX_CLIQUES_PER_DOMAIN,
+                             description=f"pods running at once, 1..{MAX_PODS_PER_CLAIM} per clique group "
+                                         "(a claim's reservedFor limit; a MultiClique domain has a claim per group)")
     completions: int | None = Field(None, ge=1, description="pods that must succeed (default: parallelism; "
                                                             "Job and JobSet only)")
     gpus_per_pod: int = Field(GPUS_PER_NODE, ge=0, le=GPUS_PER_NODE,
@@ -210,6 +211,12 @@ class BoundJobArgs(BaseModel):
         if k > 1 and not self.reservation_gate:
             raise ValueError("reservation_gate=False over a MultiClique domain: the controller places its groups "
                              "and writes each pod's rank while the pods are gated; leave reservation_gate on")
+        if self.group_size > MAX_PODS_PER_CLAIM:
+            per = "parallelism" if k == 1 else f"parallelism / {k} clique groups"
+            raise ValueError(
+                f"{per} = {self.group_size} pods share one channel claim, more than its reservedFor holds "
+                f"({MAX_PODS_PER_CLAIM}): use at most {MAX_PODS_PER_CLAIM * k} pods, or a MultiClique ComputeDomain "
+                "with more cliques")
         if self.gpu_resource and self.group_size * self.gpus_per_pod > GPUS_PER_CLIQUE:
             group = "parallelism x gpus_per_pod" if k == 1 else f"parallelism / {k} clique groups x gpus_per_pod"
             raise ValueError(

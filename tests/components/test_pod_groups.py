@@ -154,3 +154,18 @@ def test_a_bad_scheduler_is_named() -> None:
     with pytest.raises(ComponentArgsError) as err:
         BoundJob("x", compute_domain=None, pod_template=TEMPLATE, scheduler="slurm")  # type: ignore[arg-type]
     assert "scheduler:" in str(err.value) and "'auto', 'nvlfabric' or 'kubernetes'" in str(err.value)
+
+
+def test_a_job_of_576_one_gpu_pods_over_8_racks_is_one_boundjob() -> None:
+    """The reservedFor limit (256) is per claim, and a MultiClique domain has a claim per group: a
+    576-GPU job of 1-GPU pods (72 per rack) used to be refused for the whole job's size."""
+    from nvlfabric.components._args import validate
+    from nvlfabric.components.workload import BoundJobArgs
+
+    tpl = {"spec": {"containers": [{"name": "w", "image": "registry.invalid/w:1"}]}}
+    args = validate(BoundJobArgs, "BoundJob", "big", {"name": "big", "pod_template": tpl, "parallelism": 576,
+                                                      "gpus_per_pod": 1, "clique_groups": 8})
+    assert args.group_size == 72
+    with pytest.raises(ComponentArgsError, match=r"parallelism / 2 clique groups = 288 pods share one channel claim"):
+        validate(BoundJobArgs, "BoundJob", "big", {"name": "big", "pod_template": tpl, "parallelism": 576,
+                                                   "gpu_resource": None, "gpus_per_pod": 0, "clique_groups": 2})
