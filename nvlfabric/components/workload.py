@@ -90,6 +90,15 @@ from nvlfabric.provider import kube, scheduling
 from nvlfabric.provider.scheduling import WorkloadApis
 
 CLAIM_REF: Final = "channel"
+NOT_AWAITED: Final = {"pulumi.com/skipAwait": "true", "pulumi.com/deletionPropagationPolicy": "background"}
+"""A Job or StatefulSet that `pulumi up` does not wait for (wait=False). Not `waitFor` on a field
+the created object already has: pulumi-kubernetes' refresh still runs its own readiness check of
+these two kinds (a Job: complete; a StatefulSet: every replica ready), records a running Job as
+"failed to initialize", and every `preview` after a `refresh` then showed it as an update with an
+empty diff. skipAwait skips that check too, and the delete await as well (for these two kinds),
+so deletion is in the background (the Job object goes at once: a replacement of the same name is
+created right after it) and the ComputeDomain, deleted after its workloads, waits for their pods
+to stop (nvlfabric/provider/computedomain.py)."""
 WorkloadKind = Literal["Job", "StatefulSet", "JobSet", "LeaderWorkerSet"]
 Scheduler = Literal["auto", "nvlfabric", "kubernetes"]
 #: What `scheduler: kubernetes` assumes of a cluster it could not read at preview (1.37's versions).
@@ -450,7 +459,8 @@ def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, do
                              pod_group=pod_group_name(args, 0) if kubernetes else None)
     labels = nvl_labels("workload", {**args.labels, COMPUTE_DOMAIN_LABEL: domain})
     # Deleting waits (foreground) until the workload's pods are gone, so the ComputeDomain, deleted
-    # after its workloads, finds its channel no longer in use.
+    # after its workloads, finds its channel no longer in use; a Job or StatefulSet not waited for
+    # is not awaited at all (`not_awaited`).
     annotations = {"pulumi.com/deletionPropagationPolicy": "foreground"}
     meta = {"name": args.name, "namespace": namespace, "annotations": annotations, "labels": labels}
     n = args.parallelism
@@ -462,15 +472,14 @@ def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, do
         # An Indexed Job's pods are named <job>-<index> as hosts; under the subdomain of a headless
         # Service of that name, rank 0 is <job>-0.<job>.<namespace>.svc.
         tpl["spec"]["subdomain"] = args.name
-        # Not waiting is a `waitFor` the created Job already meets (`skipAwait` would skip the
-        # delete await too); waiting is pulumi-kubernetes' own Job await: until it completes.
+        # Waiting is pulumi-kubernetes' own Job await: until it completes.
         if not args.wait:
-            annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
+            annotations.update(NOT_AWAITED)
         return [_headless_service(args, namespace=namespace, labels=labels, selector=selector),
                 {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": _job_spec(args, tpl)}]
     if args.kind == "StatefulSet":
         if not args.wait:  # waiting is pulumi-kubernetes' StatefulSet await: every replica ready
-            annotations["pulumi.com/waitFor"] = "jsonpath={.metadata.uid}"
+            annotations.update(NOT_AWAITED)
         service = _headless_service(args, namespace=namespace, labels=labels, selector=selector)
         return [service, {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": {
             "replicas": n, "serviceName": args.name, "podManagementPolicy": "Parallel",
@@ -512,6 +521,11 @@ def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], d
         return {"name": name, "namespace": namespace, "labels": labels, "annotations": {
             "pulumi.com/deletionPropagationPolicy": "foreground", "pulumi.com/waitFor": wait}}
 
+    def built_in(name: str) -> dict[str, Any]:  # a Job or a StatefulSet: awaited by pulumi-kubernetes itself
+        m = meta(name, "")
+        m["annotations"].update({} if args.wait else NOT_AWAITED)
+        return m
+
     if args.kind == "JobSet":
         network = {"enableDNSHostnames": True, "subdomain": args.name, "publishNotReadyAddresses": True}
         wait = "jsonpath={.metadata.uid}"
@@ -526,13 +540,11 @@ def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], d
         name = f"{args.name}-{g}"
         if args.kind == "Job":
             tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = name
-            out.append({"apiVersion": "batch/v1", "kind": "Job",
-                        "metadata": meta(name, "" if args.wait else "jsonpath={.metadata.uid}"),
+            out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": built_in(name),
                         "spec": _job_spec(args, tpl)})
         else:
             tpl["metadata"]["labels"]["nvlfabric.io/clique-group"] = str(g)
-            out.append({"apiVersion": "apps/v1", "kind": "StatefulSet",
-                        "metadata": meta(name, "" if args.wait else "jsonpath={.metadata.uid}"), "spec": {
+            out.append({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": built_in(name), "spec": {
                             "replicas": args.group_size, "serviceName": args.name, "podManagementPolicy": "Parallel",
                             "selector": {"matchLabels": {**selector, "nvlfabric.io/clique-group": str(g)}},
                             "template": tpl}})

@@ -107,6 +107,10 @@ CHANNEL_CONFIG_KIND: Final = "ChannelConfig"
 DEFAULT_TIMEOUT_S: Final = 600.0
 #: How many pods an "in use" error names.
 MAX_NAMED_PODS: Final = 5
+DEPARTING_SETTLE_S: Final = 10.0
+"""How long delete waits for the users of a channel to be marked for deletion (the garbage
+collector does that for the pods of a workload deleted just before the domain) before a pod that
+is not refuses it."""
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(names.DNS_SUBDOMAIN)
@@ -138,7 +142,8 @@ class ComputeDomainArgs(BaseModel):
 
 
 INPUT_KEYS: Final = tuple(ComputeDomainArgs.model_fields)
-OUTPUT_KEYS: Final = ("uid", "claim_name", "phase", "clique", "channel", "nodes", "ready_nodes", "total_nodes")
+OUTPUT_KEYS: Final = ("uid", "claim_name", "phase", "clique", "channel", "nodes", "ready_nodes", "total_nodes",
+                      "claim_drift")
 SETTINGS: Final[Mapping[str, Any]] = {"await_for": AwaitFor.ACCEPTED.value, "timeout_s": DEFAULT_TIMEOUT_S,
                                       "adopt": False, "force_delete": False}
 
@@ -317,7 +322,9 @@ def compute_diff(olds: Mapping[str, Any], news: Mapping[str, Any]) -> DiffResult
     new_labels = news.get("labels") or {}
     labels_changed = _contains_unknown(new_labels) or dict(olds.get("labels") or {}) != dict(new_labels)
     settings_changed = any(news.get(k, d) != olds.get(k, d) for k, d in SETTINGS.items())
-    if not (replaces or spec_changed or labels_changed or settings_changed):
+    # A claim deleted out of band (found by a refresh): the update makes it anew, or says why not.
+    drifted = bool(olds.get("claim_drift"))
+    if not (replaces or spec_changed or labels_changed or settings_changed or drifted):
         return DiffResult(changes=False)
     if not replaces:
         return DiffResult(changes=True)
@@ -406,7 +413,34 @@ def outputs(cd: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any
         "nodes": nodes,
         "ready_nodes": ready if ready is not None else sum(1 for n in nodes if n["ready"]),
         "total_nodes": total if total is not None else len(nodes),
+        # Set by a read (refresh): a channel claim deleted outside the stack (see claim_drift).
+        "claim_drift": None,
     }
+
+
+def claim_drift(client: Client, cd: Mapping[str, Any]) -> str | None:
+    """What happened to the domain's channel claims behind this stack's back, or None: a claim
+    missing (`pulumi up` makes it anew), or marked for deletion while pods still hold it (the
+    domain loses it when they stop; new pods of the domain cannot start). A read (refresh)
+    reports it as the output `claim_drift`, so `refresh --diff` shows it and `up` acts on it."""
+    meta = _meta(cd)
+    ns, name = str(meta.get("namespace")), str(meta.get("name"))
+    names = channel_claim_names(name, ComputeDomainSpec.model_validate(cd.get("spec") or {}))
+    for claim_name in names:
+        claim = _get(client, ResourceClaim, claim_name, ns)
+        ref = f"ResourceClaim {ns}/{claim_name}"
+        if claim is None:
+            return f"{ref}, the channel claim of ComputeDomain {ns}/{name}, was deleted outside this stack: " \
+                   "`pulumi up` creates it anew"
+        if _meta(claim).get("deletionTimestamp"):
+            with kube_errors.api_call(f"list pods in namespace {ns}"):
+                pods = [p.to_dict() for p in client.list(Pod, namespace=ns)]
+            users = claim_users(claim, pods, claim_name)
+            return (f"{ref}, the channel claim of ComputeDomain {ns}/{name}, was deleted outside this stack and "
+                    f"is held by {len(users)} pods until they stop ({', '.join(users[:MAX_NAMED_PODS])}); new "
+                    "pods of the domain cannot start, and no claim of that name can be made until then: let them "
+                    "finish (or delete the workload), then run `pulumi up` to create it anew")
+    return None
 
 
 def claim_users(claim: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], claim_name: str) -> list[str]:
@@ -512,10 +546,12 @@ class ComputeDomainProvider(ResourceProvider):
     @_plain_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         ns, name = _split_id(id_, props)
-        live = _get(self._client(), CD, name, ns)
+        client = self._client()
+        live = _get(client, CD, name, ns)
         if live is None:  # deleted behind our back (or its CRD is gone)
             return ReadResult(None, {})
         outs = outputs(live, props)
+        outs["claim_drift"] = claim_drift(client, live)
         return ReadResult(f"{ns}/{name}", outs, {k: outs[k] for k in INPUT_KEYS})
 
     @_plain_errors
@@ -531,7 +567,7 @@ class ComputeDomainProvider(ResourceProvider):
         with kube_errors.api_call(f"update {ref}"):
             cd = dict(_send(client, "patch", CD, patch, name=args.name, namespace=args.namespace,
                             headers={"Content-Type": PatchType.MERGE.value}))
-        self._ensure_claims(client, cd, [], deadline)
+        self._ensure_claims(client, cd, [], deadline, repair=True)
         cd = self._await(client, cd, args.await_for, deadline)
         return UpdateResult(outputs(cd, args.to_inputs()))
 
@@ -553,7 +589,7 @@ class ComputeDomainProvider(ResourceProvider):
         if not force:
             for claim_name, c in [(snap.claim_name, claim), *others]:
                 if c is not None:
-                    self._refuse_if_in_use(client, dataclasses.replace(snap, claim_name=claim_name), c)
+                    self._wait_out_departing_users(client, dataclasses.replace(snap, claim_name=claim_name), deadline)
         if cd is not None:
             _delete(client, CD, name, ns, action=f"delete {snap.cd_ref}")
         for claim_name, c in [(snap.claim_name, claim), *others]:
@@ -625,11 +661,15 @@ class ComputeDomainProvider(ResourceProvider):
         return cd
 
     def _ensure_claims(self, client: Client, cd: Mapping[str, Any], created: list[tuple[str, Any, str]],
-                       deadline: Deadline) -> None:
-        """Create the CD's channel claim (a MultiClique CD's, one per clique group)."""
+                       deadline: Deadline, *, repair: bool = False) -> None:
+        """Create the CD's channel claim (a MultiClique CD's, one per clique group). `repair`: an
+        update, which recreates a claim deleted out of band, and fails (`ClaimDeleting`) on one
+        that is being deleted but held by pods: no claim of its name can be made until they stop."""
         spec = ComputeDomainSpec.model_validate(cd.get("spec") or {})
         for group in range(spec.groups):
-            self._ensure_claim(client, cd, created, deadline, group)
+            claim = self._ensure_claim(client, cd, created, deadline, group)
+            if repair and _meta(claim).get("deletionTimestamp"):
+                raise errors.ClaimDeleting(claim_drift(client, cd) or "")
 
     def _ensure_claim(self, client: Client, cd: Mapping[str, Any], created: list[tuple[str, Any, str]],
                       deadline: Deadline, group: int = 0) -> dict[str, Any]:
@@ -653,12 +693,36 @@ class ComputeDomainProvider(ResourceProvider):
         created.append(("ResourceClaim", ResourceClaim, claim_name))
         return claim
 
-    def _refuse_if_in_use(self, client: Client, snap: Snapshot, claim: Mapping[str, Any]) -> None:
-        with kube_errors.api_call(f"list pods in namespace {snap.namespace}"):
-            pods = [p.to_dict() for p in client.list(Pod, namespace=snap.namespace)]
-        users = claim_users(claim, pods, snap.claim_name)
-        if users:
-            raise errors.InUse(in_use_message(snap.cd_ref, snap.claim_ref, users))
+    def _wait_out_departing_users(self, client: Client, snap: Snapshot, deadline: Deadline) -> None:
+        """Return once no pod uses the claim; wait while every user is on its way out (marked for
+        deletion, or gone and only still listed in reservedFor), until `deadline`; refuse (`InUse`)
+        while a user stays, once DEPARTING_SETTLE_S have given the garbage collector time to mark
+        the pods of a workload deleted just before (BoundJob's Job and StatefulSet are deleted in
+        the background and not awaited: see nvlfabric/components/workload.py)."""
+        clock = getattr(self, "clock", None) or await_.SYSTEM_CLOCK
+        settle = clock.monotonic() + DEPARTING_SETTLE_S
+        poll = getattr(self, "poll", None) or await_.POLL
+        delay, said = poll.initial_s, -1
+        while True:
+            claim = _get(client, ResourceClaim, snap.claim_name, snap.namespace)
+            with kube_errors.api_call(f"list pods in namespace {snap.namespace}"):
+                pods = [p.to_dict() for p in client.list(Pod, namespace=snap.namespace)]
+            users = claim_users(claim, pods, snap.claim_name)
+            if not users:
+                return
+            live = {f"{_meta(p).get('namespace')}/{_meta(p).get('name')}": p for p in pods}
+            staying = [u for u in users if u in live and not _meta(live[u]).get("deletionTimestamp")]
+            if staying and clock.monotonic() >= settle:
+                raise errors.InUse(in_use_message(snap.cd_ref, snap.claim_ref, staying))
+            if deadline.expired():
+                raise errors.AwaitTimeout(
+                    awaited=f"the pods using {snap.claim_ref} to stop", seen=f"{len(users)} still there: "
+                    + ", ".join(users[:MAX_NAMED_PODS]), last=snap, timeout_s=deadline.timeout_s)
+            if not staying and len(users) != said:
+                said = len(users)
+                self._on_progress()(f"{snap.cd_ref}: waiting for {len(users)} pods using its channel to stop")
+            clock.sleep(min(delay, deadline.remaining()))
+            delay = min(delay * poll.factor, poll.max_s)
 
     def _observe(self, client: Client, ns: str, name: str, claim_name: str) -> Snapshot:
         crd, readable = None, True
@@ -828,6 +892,8 @@ class ComputeDomainOutputs:
     nodes: Output[list[dict[str, Any]]]
     ready_nodes: Output[int]
     total_nodes: Output[int]
+    claim_drift: Output[str | None]
+    """Set by a refresh when a channel claim was deleted outside the stack (see `claim_drift`)."""
 
 
 class ComputeDomain(Resource, ComputeDomainOutputs, module="nvlfabric", name="ComputeDomain"):

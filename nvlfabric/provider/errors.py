@@ -19,6 +19,10 @@ class InvalidInputs(PermanentError):
     """A resource's inputs do not validate (normally `check` reports this before anything runs)."""
 
 
+class ClaimDeleting(PermanentError):
+    """A domain's channel claim was deleted out of band and is held by pods: it cannot be made anew yet."""
+
+
 class InUse(PermanentError):
     """Delete refused: workloads still use the object; the message names them and the fix."""
 

@@ -124,13 +124,15 @@ def test_job_manifest_binds_every_container_to_the_domain_claim() -> None:
     assert spec["containers"][1]["resources"]["limits"] == {"cpu": "1"}
     assert spec["restartPolicy"] == "Never"
     assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
-    assert job["metadata"]["annotations"] == {"pulumi.com/waitFor": "jsonpath={.metadata.uid}",
-                                              "pulumi.com/deletionPropagationPolicy": "foreground"}
+    # Not waited for: no readiness check of pulumi-kubernetes' at all (its refresh would call a
+    # running Job "failed to initialize"), deleted in the background (the domain waits its pods out).
+    assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true",
+                                              "pulumi.com/deletionPropagationPolicy": "background"}
     assert job["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvlfabric"
     assert tpl["spec"].get("resourceClaims") is None  # the user's template is not modified
     waiting = job_manifest(BoundJobArgs(name="j", pod_template=tpl, wait=True, gpu_resource=None),
                            namespace="ml", claim_name="c", domain="cd")
-    assert "pulumi.com/waitFor" not in waiting["metadata"]["annotations"]
+    assert waiting["metadata"]["annotations"] == {"pulumi.com/deletionPropagationPolicy": "foreground"}
     assert "limits" not in waiting["spec"]["template"]["spec"]["containers"][0]["resources"]
 
 
@@ -140,7 +142,8 @@ def test_every_workload_shape_binds_its_pods_to_the_domain(kind: str) -> None:
     objs = workload_manifests(args, namespace="ml", claim_name="cd-channel", domain="cd")
     main = objs[-1]
     assert main["kind"] == kind and main["metadata"]["namespace"] == "ml"
-    assert main["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == "foreground"
+    assert main["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == (
+        "background" if kind in ("Job", "StatefulSet") else "foreground")
     spec = main["spec"]
     if kind == "Job":
         pod, pods = spec["template"], spec["parallelism"]
@@ -362,6 +365,8 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     assert "Traceback" not in bad.stdout + bad.stderr
     proj.run("config", "rm", "channels")
     proj.run("config", "set", "crdShapes", "true")
+    proj.run("config", "set", "rackNodes", json.dumps([n.name for n in cp.nodes()]))
+    proj.run("config", "set", "rackName", f"rack-{RACK}")
     proj.run("up", "--yes", "--skip-preview", timeout=300)
     for group, version, kind, plural, template_at in (
             ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets",
@@ -378,6 +383,19 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
 
     status = ready_domain_status(client, domain)
     members = {"nvlfabric.io/compute-domain": domain}
+    eventually("the Job's two pods and the StatefulSet's one to run", lambda: len(
+        [p for p in client.list(Pod, namespace="default", labels=members) if p.status.phase == "Running"]) == 3,
+        timeout=60)
+
+    # Clean previews: with everything running, neither `preview` nor `preview --refresh` plans a
+    # change, nor `preview` after a `refresh` (a running Job was an update with an empty diff).
+    def changes(*args: str) -> list[tuple[str, str]]:
+        return [(s["op"], s["urn"].rsplit("::", 1)[1]) for s in proj.json("preview", "--json", *args)["steps"]
+                if s["op"] not in ("same", "refresh")]
+
+    assert changes() == [] and changes("--refresh") == []
+    proj.run("refresh", "--yes")
+    assert changes() == []
     pods = eventually("the Job's two pods and the StatefulSet's one to run", lambda: (
         ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)
                          if p.status.phase == "Running"]) == 3 else None), timeout=60)

@@ -689,3 +689,38 @@ def test_in_the_dynamic_provider_host_our_errors_are_their_message_and_others_ke
         assert text.startswith("Traceback (most recent call last):") and "KeyError: 'a bug'" in text
     assert main.traceback.print_exc is traceback.print_exc  # the rest of the module is the real one
     assert not host.install(types.SimpleNamespace())  # not the host: nothing to do
+
+
+@pytest.mark.cluster
+def test_a_claim_deleted_out_of_band_shows_on_refresh_and_up_recreates_it_or_says_why_not(
+        prov: ComputeDomainProvider, name: str, api: Cluster) -> None:
+    """Before: a claim deleted while pods held it stayed 'deleted, allocated, reserved', refresh and
+    up said nothing, and the domain silently lost its claim when the pods ended."""
+    created = prov.create(inputs(name))
+    claim = f"{name}-channel"
+    clean = prov.read(created.id, created.outs).outs
+    assert clean["claim_drift"] is None and not compute_diff(clean, inputs(name)).changes
+
+    api.client.delete(ResourceClaim, claim, namespace=NS)
+    drifted = prov.read(created.id, created.outs).outs
+    assert drifted["claim_drift"] == (f"ResourceClaim {NS}/{claim}, the channel claim of ComputeDomain {NS}/{name}, "
+                                      "was deleted outside this stack: `pulumi up` creates it anew")
+    assert compute_diff(drifted, inputs(name)).changes
+    prov.update(created.id, drifted, inputs(name))
+    assert not _gone(api, ResourceClaim, claim) and prov.read(created.id, created.outs).outs["claim_drift"] is None
+
+    # Held by a pod (a finalizer stands in for the DRA controller's, which holds an allocated claim).
+    api.client.patch(ResourceClaim, claim, {"metadata": {"finalizers": ["nvlfabric.io/test-hold"]}}, namespace=NS,
+                     patch_type=PatchType.MERGE)
+    _pod_using(api, name, f"{name}-worker-0", claim)
+    try:
+        api.client.delete(ResourceClaim, claim, namespace=NS)
+        held = prov.read(created.id, created.outs).outs
+        assert f"was deleted outside this stack and is held by 1 pods until they stop ({NS}/{name}-worker-0)" in \
+            held["claim_drift"]
+        with pytest.raises(errors.ClaimDeleting) as exc:
+            prov.update(created.id, held, inputs(name))
+        assert "let them finish (or delete the workload), then run `pulumi up` to create it anew" in str(exc.value)
+    finally:
+        api.client.patch(ResourceClaim, claim, {"metadata": {"finalizers": None}}, namespace=NS,
+                         patch_type=PatchType.MERGE)
