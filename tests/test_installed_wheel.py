@@ -191,3 +191,14 @@ def test_a_platform_project_on_the_installed_wheel_runs_a_bound_job(
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not list(client.list(Job, namespace="default"))
     assert not list(client.list(Pod, namespace="default"))
+
+
+def test_the_installed_wheel_has_the_preview_report_command(platform_venv: Path) -> None:
+    """`nvlfabric preview-report` from the platform venv's bin, run outside the checkout, on a
+    recorded preview of the dev stack."""
+    preview_file = installed.REPO / "tests" / "golden" / "report" / "replace.json"
+    proc = subprocess.run([str(platform_venv / "bin" / "nvlfabric"), "preview-report", "--no-cluster"],
+                          input=preview_file.read_text(), cwd=platform_venv.parent, env=clean_env(platform_venv),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| `default/eval` | +- replace | spec.imexMode | ? |" in proc.stdout, proc.stdout

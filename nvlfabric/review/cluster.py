@@ -1,0 +1,44 @@
+"""What runs now, for the report: read-only lists of pods and the racks' Nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node, Pod
+
+from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, RACK_LABEL, WORKLOAD_LABEL
+from nvlfabric.kube.errors import api_call
+from nvlfabric.provider import racks
+from nvlfabric.review.impact import Facts
+
+
+def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: str = "nvidia.com/gpu") -> Facts:
+    """Running pods per domain and per workload (by nvlfabric's labels on them), and per rack its
+    Nodes' GPUs and the free ones (as the rack component counts them at preview). The racks are
+    the cluster's (Nodes labelled nvlfabric.io/rack: a preview lists only the racks it changes)
+    and `rack_nodes`, those the preview declares anew."""
+    by_domain: dict[tuple[str, str], int] = {}
+    by_workload: dict[tuple[str, str], int] = {}
+    with api_call("list the pods of ComputeDomains"):
+        pods = list(client.list(Pod, namespace="*", labels={COMPUTE_DOMAIN_LABEL: None}))
+    for p in pods:
+        if not p.metadata or not p.status or p.status.phase != "Running" or p.metadata.deletionTimestamp:
+            continue
+        labels, ns = p.metadata.labels or {}, p.metadata.namespace or "default"
+        domain, workload = (ns, labels[COMPUTE_DOMAIN_LABEL]), labels.get(WORKLOAD_LABEL)
+        by_domain[domain] = by_domain.get(domain, 0) + 1
+        if workload:
+            by_workload[(ns, workload)] = by_workload.get((ns, workload), 0) + 1
+    racked: dict[str, list[str]] = {r: list(n) for r, n in rack_nodes.items()}
+    with api_call("list the racks' Nodes"):
+        for node in client.list(Node, labels={RACK_LABEL: None}):
+            if node.metadata and node.metadata.name:
+                names = racked.setdefault((node.metadata.labels or {})[RACK_LABEL], [])
+                if node.metadata.name not in names:
+                    names.append(node.metadata.name)
+    gpus = {}
+    for rack, nodes in sorted(racked.items()):
+        view = racks.summarize(racks.observe(client, list(nodes), gpu_resource=gpu_resource), None)
+        gpus[rack] = (len(nodes), sum(n.gpus_allocatable for n in view.nodes if n.exists), view.free_gpus)
+    return Facts(running_by_domain=by_domain, running_by_workload=by_workload, rack_gpus=gpus)
