@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--kubeconfig", default="", help="the cluster to read (default: $KUBECONFIG)")
     rep.add_argument("--no-cluster", action="store_true", help="do not read the cluster")
     rep.add_argument("--title", default="nvlfabric preview", help="the report's heading")
+    sub.add_parser("policy-pack", help="print the directory of nvlfabric's policy pack "
+                                       "(pulumi preview --policy-pack \"$(nvlfabric policy-pack)\")")
     return ap
 
 
@@ -69,6 +71,11 @@ def _nodes(pv: preview.Preview, rack: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "policy-pack":
+        from importlib.resources import files
+
+        print(files("nvlfabric.policy") / "pack")
+        return 0
     cfg = Settings(preview=args.preview, kubeconfig=args.kubeconfig, cluster=not args.no_cluster, title=args.title)
     try:
         text = sys.stdin.read() if cfg.preview == "-" else Path(cfg.preview).read_text()
