@@ -396,6 +396,23 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
     assert changes() == [] and changes("--refresh") == []
     proj.run("refresh", "--yes")
     assert changes() == []
+
+    # Drift: the domain's spec edited and the StatefulSet deleted behind the stack's back show in
+    # `refresh --diff`, and `up` puts back what the program declares.
+    from lightkube.resources.apps_v1 import StatefulSet
+    from lightkube.types import PatchType
+
+    client.patch(ComputeDomainResource, domain, {"spec": {"numNodes": 7}}, namespace="default",
+                 patch_type=PatchType.MERGE)
+    client.delete(StatefulSet, f"{domain}-serve", namespace="default")
+    eventually("the StatefulSet to go", lambda: not list(client.list(
+        StatefulSet, namespace="default", fields={"metadata.name": f"{domain}-serve"})), timeout=60)
+    drift = proj.run("refresh", "--diff", "--yes").stdout
+    assert "numNodes" in drift and "7" in drift, drift
+    assert "kubernetes:apps/v1:StatefulSet: (delete)" in drift or "StatefulSet" in drift, drift
+    proj.run("up", "--yes", "--skip-preview", timeout=300)
+    assert "numNodes" not in client.get(ComputeDomainResource, domain, namespace="default").spec
+    assert client.get(StatefulSet, f"{domain}-serve", namespace="default").metadata.uid
     pods = eventually("the Job's two pods and the StatefulSet's one to run", lambda: (
         ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)
                          if p.status.phase == "Running"]) == 3 else None), timeout=60)
