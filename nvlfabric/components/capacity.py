@@ -10,7 +10,8 @@ It is a warning, not an error: other programs' racks, or racks freed by then, ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class DeclaredRack:
     name: str
     gpus: int
     free_gpus: int | None  # None: not observed (observe=False, or the cluster was not readable)
+    held: Mapping[str, int] = field(default_factory=dict)
+    """'namespace/workload' → GPUs its pods hold here now (counted as used in free_gpus)."""
 
 
 _DECLARED: list[DeclaredRack] = []
@@ -32,8 +35,13 @@ def declared() -> list[DeclaredRack]:
 
 
 def shortfall(job: str, *, groups: int, pods_per_group: int, gpus_per_pod: int,
-              racks: list[DeclaredRack]) -> str | None:
-    """Why the job cannot be placed on `racks`, or None (no racks declared: nothing to judge)."""
+              racks: list[DeclaredRack], namespace: str = "default") -> str | None:
+    """Why the job cannot be placed on `racks`, or None (no racks declared: nothing to judge).
+    The GPUs the job's own pods hold already count as free for it: a running job judged again at
+    a later preview (nothing changed) warned that it did not fit beside itself."""
+    own = f"{namespace}/{job}"
+    racks = [DeclaredRack(r.name, r.gpus, r.free_gpus + r.held.get(own, 0) if r.free_gpus is not None else None)
+             for r in racks]
     if not racks or gpus_per_pod <= 0:
         return None
     per_group = pods_per_group * gpus_per_pod

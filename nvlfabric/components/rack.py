@@ -124,7 +124,8 @@ class Nvl72Rack(pulumi.ComponentResource):
         self.discovered_cliques = pulumi.Output.from_input(view.cliques if view else None)
         self.clique_mismatches = pulumi.Output.from_input(list(view.mismatches) if view else None)
         self.free_gpus = pulumi.Output.from_input(view.free_gpus if view else None)
-        capacity.declare(capacity.DeclaredRack(a.name, len(a.nodes) * GPUS_PER_NODE, view.free_gpus if view else None))
+        capacity.declare(capacity.DeclaredRack(a.name, len(a.nodes) * GPUS_PER_NODE, view.free_gpus if view else None,
+                                               view.held_gpus if view else {}))
         self.register_outputs({"nodes": self.nodes, "gpus": self.gpus, "expected_clique": self.expected_clique,
                                "discovered_cliques": self.discovered_cliques,
                                "clique_mismatches": self.clique_mismatches, "free_gpus": self.free_gpus})

@@ -599,7 +599,7 @@ class BoundJob(pulumi.ComponentResource):
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
         short = capacity.shortfall(self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
                                    gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0,
-                                   racks=capacity.declared())
+                                   racks=capacity.declared(), namespace=compute_domain.namespace)
         if short:
             pulumi.log.warn(short, resource=self)
         apis = self._workload_apis(resource_name, compute_domain.namespace)

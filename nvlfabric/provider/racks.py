@@ -15,7 +15,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.api import errors
-from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL, RACK_LABEL
+from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL, RACK_LABEL, WORKLOAD_LABEL
 from nvlfabric.kube.errors import api_call
 
 
@@ -32,6 +32,9 @@ class NodeView:
     """Its `nvlfabric.io/rack` label now (the rack some declaration put it in)."""
     rack_owner: str | None = None
     """The field manager that owns that label (server-side apply), when one does."""
+    gpus_by_workload: tuple[tuple[str, int], ...] = ()
+    """GPUs its unfinished pods of each bound workload hold ('namespace/workload', by the pods'
+    nvlfabric.io/workload label): a running job's own GPUs are not "used" when it is judged again."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class RackView:
     mismatches: tuple[str, ...] = ()
     """Human-readable problems: a node missing, without a clique, or in another clique."""
     free_gpus: int = 0
+    held_gpus: dict[str, int] = field(default_factory=dict)
+    """'namespace/workload' → GPUs its pods hold on the rack's Ready nodes."""
 
 
 def _quantity(value: object) -> int:
@@ -66,8 +71,13 @@ def summarize(nodes: Sequence[NodeView], expected_clique: str | None) -> RackVie
         problems.append(f"the rack's nodes report {len(found)} cliques ({', '.join(sorted(found))}); "
                         "one NVL72 rack is one clique: check the cabling or the node list")
     free = sum(max(0, n.gpus_allocatable - n.gpus_requested) for n in nodes if n.exists and n.ready)
+    held: dict[str, int] = {}
+    for n in nodes:
+        if n.exists and n.ready:
+            for workload, gpus in n.gpus_by_workload:
+                held[workload] = held.get(workload, 0) + gpus
     return RackView(nodes=tuple(nodes), expected_clique=expected_clique, cliques=cliques,
-                    mismatches=tuple(problems), free_gpus=free)
+                    mismatches=tuple(problems), free_gpus=free, held_gpus=held)
 
 
 def _requested(pods: Iterable[Pod], resource: str) -> int:
@@ -128,9 +138,16 @@ def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[
         conditions = (node.status.conditions if node.status else None) or []
         ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
         allocatable = _quantity(((node.status.allocatable if node.status else None) or {}).get(gpu_resource, 0))
-        pods = client.list(Pod, namespace="*", fields={"spec.nodeName": name})
+        pods = list(client.list(Pod, namespace="*", fields={"spec.nodeName": name}))
+        by_workload: dict[str, list[Pod]] = {}
+        for p in pods:
+            workload = ((p.metadata.labels if p.metadata else None) or {}).get(WORKLOAD_LABEL)
+            if workload and p.metadata:
+                by_workload.setdefault(f"{p.metadata.namespace or 'default'}/{workload}", []).append(p)
         out.append(NodeView(name=name, exists=True, ready=ready, clique=labels.get(CLIQUE_LABEL),
                             fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
                             gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource),
-                            rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL)))
+                            rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL),
+                            gpus_by_workload=tuple(sorted((w, _requested(ps, gpu_resource))
+                                                          for w, ps in by_workload.items()))))
     return out

@@ -583,3 +583,8 @@ def test_preview_says_when_a_job_needs_more_racks_or_free_gpus_than_declared() -
     assert full is not None and "72 free GPUs in each of 2 rack(s); 1 of the declared racks" in full
     assert "rack-1 40" in full
     assert shortfall("j", groups=1, pods_per_group=18, gpus_per_pod=4, racks=[]) is None  # nothing declared
+    # A running job judged again (a later preview): the GPUs its own pods hold are its to use.
+    # Before, the dev stack's running multirack job warned that it did not fit beside itself.
+    running = [DeclaredRack("rack-0", 72, 0, {"ml/j": 72}), DeclaredRack("rack-1", 72, 40, {"ml/j": 32})]
+    assert shortfall("j", groups=2, pods_per_group=18, gpus_per_pod=4, racks=running, namespace="ml") is None
+    assert shortfall("other", groups=2, pods_per_group=18, gpus_per_pod=4, racks=running, namespace="ml")
