@@ -10,8 +10,10 @@ UNAVAILABLE as a `RunError` (one line, no traceback); this makes it treat this f
 
 Then the engine interrupts the program (SIGINT) while the SDK may still be unwinding, and
 Python prints the `KeyboardInterrupt` with its traceback too. The program is meant to stop there,
-so SIGINT is made to exit it quietly (`SystemExit`, so `finally` blocks still run), while Python's
-default handler is the one in place.
+so SIGINT ends it at once, output flushed and exit status 130, while Python's default handler is
+the one in place. Not by `SystemExit`: unwinding the SDK's half-run coroutines then printed
+tracebacks of their own ("Exception ignored in: <coroutine object run_in_stack>", "no running
+event loop"), seen in CI.
 
 Installed when `nvlfabric.components` is imported, for every resource of the program (the
 user's own too): the noise is the SDK's, whoever's resource was in flight. Any other gRPC error
@@ -20,6 +22,8 @@ is converted exactly as before.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -65,4 +69,7 @@ def install() -> None:
 
 
 def _interrupted(signum: int, _frame: Any) -> None:
-    sys.exit(128 + signum)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
