@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvlfabric.api.names import RACK_LABEL
 from nvlfabric.review import impact, markdown, preview
 
 
@@ -47,8 +46,7 @@ def report(cfg: Settings, text: str) -> str:
     pv = preview.load(text)
     facts = None
     if cfg.cluster:
-        racks = impact.build(pv, None).racks
-        nodes = {r.name: _nodes(pv, r.name) for r in racks}
+        nodes = impact.declared_racks(pv)
         try:
             from nvlfabric.provider import kube
             from nvlfabric.review import cluster
@@ -58,15 +56,6 @@ def report(cfg: Settings, text: str) -> str:
             print(f"nvlfabric preview-report: could not read the cluster ({type(exc).__name__}: {exc}); running "
                   "pods and free GPUs are left unknown", file=sys.stderr)
     return markdown.render(impact.build(pv, facts), title=cfg.title)
-
-
-def _nodes(pv: preview.Preview, rack: str) -> list[str]:
-    out = []
-    for s in pv.steps:
-        meta = s.state.inputs.get("metadata") or {}
-        if s.type == "kubernetes:core/v1:NodePatch" and (meta.get("labels") or {}).get(RACK_LABEL) == rack:
-            out.append(str(meta.get("name")))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

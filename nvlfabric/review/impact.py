@@ -139,18 +139,25 @@ def _pods_and_gpus(kind: str, inputs: Mapping[str, Any]) -> tuple[int, int]:
     return int(pods), int(pods) * per_pod
 
 
+def declared_racks(preview: Preview) -> dict[str, list[str]]:
+    """Rack → its Nodes, for the racks whose node patches the preview lists (it lists only what
+    changes: the cluster knows the others)."""
+    racks: dict[str, list[str]] = {}
+    for s in preview.steps:
+        if s.type == "kubernetes:core/v1:NodePatch" and RACK in s.parent_types and s.op != "delete":
+            meta = s.state.inputs.get("metadata") or {}
+            rack = (meta.get("labels") or {}).get(RACK_LABEL)
+            if rack:
+                racks.setdefault(str(rack), []).append(str(meta.get("name")))
+    return racks
+
+
 def build(preview: Preview, facts: Facts | None) -> Report:
     known = facts is not None
     f = facts or Facts()
     domains, workloads, others = [], [], []
-    racks: dict[str, list[str]] = {}
+    racks = declared_racks(preview)
     asked = 0
-    for s in preview.steps:  # every declared rack, changed or not
-        if s.type == "kubernetes:core/v1:NodePatch" and RACK in s.parent_types:
-            meta = s.state.inputs.get("metadata") or {}
-            rack = (meta.get("labels") or {}).get(RACK_LABEL)
-            if rack and s.op != "delete":
-                racks.setdefault(str(rack), []).append(str(meta.get("name")))
     for s in _steps(preview):
         op = _op(s)
         if s.type in DOMAIN_TYPES:
