@@ -291,20 +291,9 @@ class SimKubelet:
 
     async def _scan_plugins(self, state: NodeState) -> None:
         present = registry_sockets(state.node.registry_dir)
-        for sock in present - set(state.plugins):
-            endpoints = {p.endpoint for p in state.plugins.values()}
-            try:
-                plugin = await register(sock, registered_endpoints=endpoints)
-            except RegistrationError as exc:
-                log.warning("node %s: plugin registration failed: %s", state.node.name, exc)
-                continue
-            state.plugins[sock] = plugin
-            state.driver_gone_since.pop(plugin.driver, None)
-            log.info("node %s: registered DRA plugin %s (%s) at %s", state.node.name, plugin.driver,
-                     plugin.service, plugin.endpoint)
-            if plugin.health_service:
-                state.health_watches[sock] = asyncio.create_task(self._watch_health(state, plugin))
-        for sock in set(state.plugins) - present:
+        # Gone, or replaced by a new socket on the same path (a plugin restarted between two scans):
+        # the old registration goes first, so that the new one is not refused as a duplicate.
+        for sock in [s for s, p in state.plugins.items() if present.get(s) != p.socket_id]:
             plugin = state.plugins.pop(sock)
             watch = state.health_watches.pop(sock, None)
             if watch is not None:
@@ -315,6 +304,20 @@ class SimKubelet:
             if state.plugin_for(plugin.driver) is None:
                 state.driver_gone_since[plugin.driver] = time.monotonic()
             log.info("node %s: DRA plugin %s unregistered", state.node.name, plugin.driver)
+        for sock in present.keys() - set(state.plugins):
+            endpoints = {p.endpoint for p in state.plugins.values()}
+            try:
+                plugin = await register(sock, registered_endpoints=endpoints)
+            except RegistrationError as exc:
+                log.warning("node %s: plugin registration failed: %s", state.node.name, exc)
+                continue
+            plugin.socket_id = present[sock]
+            state.plugins[sock] = plugin
+            state.driver_gone_since.pop(plugin.driver, None)
+            log.info("node %s: registered DRA plugin %s (%s) at %s", state.node.name, plugin.driver,
+                     plugin.service, plugin.endpoint)
+            if plugin.health_service:
+                state.health_watches[sock] = asyncio.create_task(self._watch_health(state, plugin))
         for driver, since in list(state.driver_gone_since.items()):
             if time.monotonic() - since >= WIPING_DELAY_S:
                 del state.driver_gone_since[driver]

@@ -15,6 +15,7 @@ Behaviour follows the real kubelet (1.34 to 1.37):
 from __future__ import annotations
 
 import asyncio
+import stat
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,9 @@ class Plugin:
     registration_socket: Path
     health_service: str = ""
     """HEALTH_SERVICE when the plugin advertised it, else ''."""
+    socket_id: tuple[int, int] = (0, 0)
+    """The registration socket's (inode, ctime) when it was registered: a plugin restarted on the same
+    path between two scans is a new socket, registered again (the kubelet's watcher sees its create)."""
     _channel: grpc.aio.Channel | None = field(default=None, repr=False)
 
     def _stub(self) -> Any:
@@ -161,11 +165,23 @@ async def register(socket: Path, *, registered_endpoints: set[str]) -> Plugin:
                       health_service=HEALTH_SERVICE if HEALTH_SERVICE in info.supported_versions else "")
 
 
-def registry_sockets(registry_dir: Path) -> set[Path]:
+def registry_sockets(registry_dir: Path) -> dict[Path, tuple[int, int]]:
+    """The registration sockets present, each with its (inode, ctime) identity."""
+    found: dict[Path, tuple[int, int]] = {}
     try:
-        return {p for p in registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
+        entries = list(registry_dir.iterdir())
     except FileNotFoundError:
-        return set()
+        return found
+    for p in entries:
+        if p.name.startswith("."):
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # removed while listing
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            found[p] = (st.st_ino, st.st_ctime_ns)
+    return found
 
 
 async def sleep_until(deadline: float) -> None:
