@@ -1,7 +1,13 @@
-"""`ComputeDomain` component: one nvlfabric ComputeDomain and its shared channel claim.
+"""`ComputeDomain` component: one ComputeDomain, nvlfabric's with its shared channel claim, or NVIDIA's.
 
 Wraps the dynamic resource `nvlfabric.provider.computedomain.ComputeDomain` with validated arguments and
 typed outputs, and counts the pods bound to it (a claim's `reservedFor` holds at most 256 pods).
+
+`backend` says whose ComputeDomain it is: `nvlfabric` (the default), served by NvlfabricDriver, or
+`nvidia`: NVIDIA's `resource.nvidia.com/v1beta1` ComputeDomain, for a cluster that already runs
+NVIDIA's DRA driver (nvlfabric/api/nvidia.py). The stack-wide default is the Pulumi config
+`nvlfabric:backend`; moving a stack from one to the other is that one setting, and its preview
+shows each domain replaced for `backend` (and the workloads bound to them replaced with it).
 """
 
 from __future__ import annotations
@@ -13,29 +19,44 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names
 from nvlfabric.api.names import DNS_LABEL, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
+from nvlfabric.api.nvidia import BACKEND_CONFIG, NVIDIA_LIMITS, Backend, NvidiaDomainSpec
 from nvlfabric.components import program, served
 from nvlfabric.components._args import ComponentArgsError, labels, validate
 from nvlfabric.provider.await_ import AwaitFor
 from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
 
-#: A claim's `status.reservedFor` holds at most this many consumers (pods).
 
-
-class ComputeDomainArgs(BaseModel):
+class _DomainArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=DNS_LABEL, max_length=57,
                       description="a DNS label of at most 57 characters (the claim is <name>-channel)")
     namespace: str = Field("default", pattern=DNS_LABEL, max_length=63,
                            description="the namespace of the domain, its claim and its workloads (a DNS label)")
-    spec: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec,
-                                    description="a ComputeDomainSpec (numNodes, imexMode, channelAllocationMode, ...)")
+    backend: Backend = Field(Backend.NVLFABRIC,
+                             description="'nvlfabric' (nvlfabric's driver) or 'nvidia' (NVIDIA's DRA driver, already "
+                                         "in the cluster); default: the config nvlfabric:backend, else nvlfabric")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the ComputeDomain")
     await_for: AwaitFor | None = Field(AwaitFor.ACCEPTED,
                                        description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it, so not "
                                                    "with workloads bound to it by BoundJob)")
     timeout_s: float = Field(600.0, gt=0, description="seconds a create, update or delete may take (> 0)")
     force_delete: bool = Field(False, description="delete even while pods use the channel")
+
+
+class ComputeDomainArgs(_DomainArgs):
+    spec: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec,
+                                    description="a ComputeDomainSpec (numNodes, imexMode, channelAllocationMode, ...)")
+
+
+class NvidiaComputeDomainArgs(_DomainArgs):
+    spec: NvidiaDomainSpec = Field(default_factory=NvidiaDomainSpec,
+                                   description="on backend nvidia: numNodes, channelAllocationMode, channelClaim")
+
+
+def backend_default() -> str:
+    """The stack's default backend: the config `nvlfabric:backend`, else nvlfabric."""
+    return pulumi.Config("nvlfabric").get(BACKEND_CONFIG) or Backend.NVLFABRIC.value
 
 
 class ComputeDomain(pulumi.ComponentResource):
@@ -52,30 +73,45 @@ class ComputeDomain(pulumi.ComponentResource):
     total_nodes: pulumi.Output[int]
 
     def __init__(self, resource_name: str, *, name: str | None = None, namespace: str = "default",
-                 spec: ComputeDomainSpec | dict[str, Any] | None = None, labels: dict[str, str] | None = None,
-                 await_for: AwaitFor | str | None = AwaitFor.ACCEPTED, timeout_s: float = 600.0,
-                 force_delete: bool = False, opts: pulumi.ResourceOptions | None = None, **unknown: Any) -> None:
-        self.args = validate(ComputeDomainArgs, "ComputeDomain", resource_name, {
-            "name": name if name is not None else resource_name, "namespace": namespace,
+                 spec: ComputeDomainSpec | NvidiaDomainSpec | dict[str, Any] | None = None,
+                 labels: dict[str, str] | None = None, await_for: AwaitFor | str | None = AwaitFor.ACCEPTED,
+                 timeout_s: float = 600.0, force_delete: bool = False, backend: Backend | str | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **unknown: Any) -> None:
+        backend = backend if backend is not None else backend_default()
+        if isinstance(spec, BaseModel):
+            spec = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+        model: type[_DomainArgs] = NvidiaComputeDomainArgs if backend == Backend.NVIDIA else ComputeDomainArgs
+        self.args: _DomainArgs = validate(model, "ComputeDomain", resource_name, {
+            "name": name if name is not None else resource_name, "namespace": namespace, "backend": backend,
             "spec": spec if spec is not None else {}, "labels": labels or {}, "await_for": await_for,
             "timeout_s": timeout_s, "force_delete": force_delete}, unknown)
         a = self.args
         program.take("ComputeDomain", a.namespace, a.name, component="ComputeDomain", resource_name=resource_name)
-        program.domain_mode(resource_name, a.name, a.spec.imex_mode.value)
         super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
         self.name, self.namespace = a.name, a.namespace
+        self.backend: Backend = a.backend
         # Known from the arguments (preview included), unlike the `claim_name` output, which is
         # unknown while the domain itself changes: workloads use this, so a change of the domain
         # does not show them as changing too.
-        self.claim: str = channel_claim_name(a.name, a.spec)
-        self.claims: list[str] = channel_claim_names(a.name, a.spec)
-        """Every channel claim, one per clique group (a single-clique domain: [claim])."""
+        if isinstance(a, NvidiaComputeDomainArgs):
+            # NVIDIA's controller makes a ResourceClaimTemplate; each pod gets a claim of its own from it.
+            self.claim: str = a.spec.template_name(a.name)
+            self.claims: list[str] = [self.claim]
+            if len(domains := program.nvidia_domain(a.name)) == 2:  # said once, when it starts to matter
+                pulumi.log.warn(f"ComputeDomains {', '.join(domains)}: {NVIDIA_LIMITS}", resource=self)
+        else:
+            assert isinstance(a, ComputeDomainArgs)
+            program.domain_mode(resource_name, a.name, a.spec.imex_mode.value)
+            self.claim = channel_claim_name(a.name, a.spec)
+            self.claims = channel_claim_names(a.name, a.spec)
+        """Every channel claim, one per clique group (a single-clique domain: [claim]); on backend
+        nvidia, NVIDIA's ResourceClaimTemplate."""
         self.bound_pods = 0
         self.bound_gpus: dict[str, int] = {}  # workload → its GPUs in each clique group
         # In the component provider the plugin serves the object itself (nvlfabric.components.served).
         resource_class = served.ComputeDomain if served.serving() else ComputeDomainResource
         self.resource = resource_class(
-            resource_name, name=a.name, namespace=a.namespace, spec=a.spec,
+            resource_name, name=a.name, namespace=a.namespace, backend=a.backend.value, spec=a.spec,
             labels=_labels(a.labels), await_for=a.await_for, timeout_s=a.timeout_s,
             force_delete=a.force_delete, opts=pulumi.ResourceOptions(parent=self))
         r = self.resource
@@ -101,6 +137,10 @@ class ComputeDomain(pulumi.ComponentResource):
                 f"returns, so `pulumi up` would wait the whole timeout_s ({self.args.timeout_s:g} s) and fail. Use "
                 "await_for='Accepted' (the default) for a domain with bound workloads, and wait for the workload "
                 "instead (BoundJob wait=True) or watch the domain's phase")
+        if self.backend is Backend.NVIDIA:
+            # Each pod's claim is its own (from NVIDIA's template), and NVIDIA's domain spans cliques.
+            self.bound_pods += pods
+            return
         if self.bound_pods + pods > MAX_PODS_PER_CLAIM:
             raise ComponentArgsError(
                 f"ComputeDomain {self.name!r}: binding {workload!r} would make {self.bound_pods + pods} pods use "

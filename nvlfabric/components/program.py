@@ -21,6 +21,7 @@ _DRIVER_MODES: dict[str, set[str]] = {}  # driver resource → its imex_modes
 _DOMAIN_MODES: dict[str, tuple[str, str]] = {}  # ComputeDomain resource → (its name, imexMode)
 _TAINTS: list[dict[str, str]] = []  # what the declared racks taint their Nodes with
 _WORKLOADS: dict[str, list[dict[str, str]]] = {}  # BoundJob resource → its pods' tolerations
+_NVIDIA_DOMAINS: list[str] = []  # the domains on NVIDIA's backend (what they share is said once)
 
 
 def take(kind: str, namespace: str, name: str, *, component: str, resource_name: str) -> None:
@@ -91,6 +92,12 @@ def workload_tolerations(resource_name: str, tolerations: list[dict[str, str]]) 
     _WORKLOADS[resource_name] = tolerations
 
 
+def nvidia_domain(name: str) -> list[str]:
+    """Record a ComputeDomain on NVIDIA's backend; the program's such domains so far."""
+    _NVIDIA_DOMAINS.append(name)
+    return list(_NVIDIA_DOMAINS)
+
+
 def declared_taints() -> list[dict[str, str]]:
     return list(_TAINTS)
 
@@ -98,6 +105,7 @@ def declared_taints() -> list[dict[str, str]]:
 def reset() -> None:
     """Forget everything (a test's fresh program)."""
     _TAINTS.clear()
+    _NVIDIA_DOMAINS.clear()
     _WORKLOADS.clear()
     _NAMES.clear()
     _DRIVER_MODES.clear()

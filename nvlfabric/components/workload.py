@@ -33,6 +33,15 @@ all at once, each in a clique of its own, and writes each pod's rank in the whol
 (`nvlfabric.io/rank`, from the group and the pod's index) as it lifts the pod's gate, which
 NVLFABRIC_RANK reads; so such a job needs the reservation gate.
 
+On a ComputeDomain of NVIDIA's backend (nvlfabric/api/nvidia.py) the pods reference the
+ResourceClaimTemplate NVIDIA's controller makes (`resourceClaimTemplateName`), as NVIDIA documents
+for workloads: each pod gets a claim of its own, so neither the 256-pod nor the one-clique limit
+of a shared claim applies. NVIDIA's driver places nothing, so the component keeps a job whose GPUs
+fit one NVL72 clique in one clique by required pod affinity on NVIDIA's clique label
+(`nvidia.com/gpu.clique`, written by GPU Feature Discovery), the recipe NVIDIA gives; a bigger job
+spans cliques, one IMEX domain per clique. Nothing of nvlfabric's controller runs there: no
+reservation gate, no Workload or PodGroups (kube-scheduler places the pods alone).
+
 Who places the groups (`scheduler`): where the cluster offers Kubernetes' own workload scheduling
 (1.37's Workload, PodGroup and CompositePodGroup with their gates on; nvlfabric/provider/scheduling.py
 checks at preview), the component declares it and kube-scheduler places each clique group as a
@@ -82,6 +91,8 @@ from nvlfabric.api.names import (
     WORKLOAD_LABEL,
     WORLD_SIZE_ENV,
 )
+from nvlfabric.api.nvidia import CLIQUE_LABEL as NVIDIA_CLIQUE_LABEL
+from nvlfabric.api.nvidia import Backend
 from nvlfabric.components import capacity, program
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
@@ -144,10 +155,12 @@ class BoundJobArgs(BaseModel):
     wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
                                           "until every pod is ready")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")
-    reservation_gate: bool = Field(True, description=f"hold each pod with the scheduling gate {RESERVATION_GATE} "
-                                                     "until nvlfabric's controller has reserved the domain's channel "
-                                                     "claim for it, so the pods do not race on the shared claim; "
-                                                     "False leaves scheduling to kube-scheduler alone")
+    reservation_gate: bool | None = Field(None, description=f"hold each pod with the scheduling gate "
+                                                            f"{RESERVATION_GATE} until nvlfabric's controller has "
+                                                            "reserved the domain's channel claim for it, so the pods "
+                                                            "do not race on the shared claim; False leaves scheduling "
+                                                            "to kube-scheduler alone (default: True, and False on "
+                                                            "backend nvidia, which has no such controller)")
     gpu_container: str | None = Field(None, description="the container that gets the pod's GPU limit (default: the "
                                                          "first; sidecars and the others get the channel only)")
     master_port: int = Field(DEFAULT_MASTER_PORT, ge=1, le=65535,
@@ -161,6 +174,18 @@ class BoundJobArgs(BaseModel):
     clique_groups: int = Field(1, ge=1, json_schema_extra={"internal": True},
                                description="how many clique groups the ComputeDomain has (from its "
                                            "placement.cliques; not an argument)")
+    backend: Backend = Field(Backend.NVLFABRIC, json_schema_extra={"internal": True},
+                             description="the ComputeDomain's backend (from the domain; not an argument)")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the pods carry the reservation gate (reservation_gate, else the backend's default)."""
+        return self.reservation_gate if self.reservation_gate is not None else self.backend is Backend.NVLFABRIC
+
+    @property
+    def one_clique(self) -> bool:
+        """On backend nvidia: whether the job's GPUs fit one clique (then pod affinity keeps it there)."""
+        return not (self.gpu_resource and self.parallelism * self.gpus_per_pod > GPUS_PER_CLIQUE)
 
     @property
     def group_size(self) -> int:
@@ -217,7 +242,9 @@ class BoundJobArgs(BaseModel):
         if k > 1 and self.kind == "LeaderWorkerSet":
             raise ValueError("a LeaderWorkerSet's groups share one pod template, so they cannot each use their own "
                              "clique's channel claim: use kind Job, StatefulSet or JobSet over a MultiClique domain")
-        if k > 1 and not self.reservation_gate:
+        if self.backend is Backend.NVIDIA:
+            return self._on_nvidia()
+        if k > 1 and not self.gated:
             raise ValueError("reservation_gate=False over a MultiClique domain: the controller places its groups "
                              "and writes each pod's rank while the pods are gated; leave reservation_gate on")
         if self.group_size > MAX_PODS_PER_CLAIM:
@@ -232,6 +259,18 @@ class BoundJobArgs(BaseModel):
                 f"{group} = {self.group_size * self.gpus_per_pod} GPUs, more than one NVL72 clique has "
                 f"({GPUS_PER_CLIQUE}); a ComputeDomain's group lives in one clique: use fewer pods or GPUs per pod, "
                 "or a MultiClique ComputeDomain (placement: {scope: MultiClique, cliques: N}) with more cliques")
+        return self
+
+    def _on_nvidia(self) -> BoundJobArgs:
+        if self.reservation_gate:
+            raise ValueError(f"reservation_gate=True over a ComputeDomain of backend nvidia: the gate "
+                             f"{RESERVATION_GATE} is lifted by nvlfabric's controller, not running with NVIDIA's "
+                             "driver, so the pods would stay gated: leave reservation_gate unset")
+        if self.scheduler == "kubernetes":
+            raise ValueError("scheduler='kubernetes' over a ComputeDomain of backend nvidia: the job's pod groups "
+                             "would share one channel claim, and NVIDIA's domain gives each pod a claim of its own "
+                             "from its template: leave scheduler unset (kube-scheduler places the pods, kept in one "
+                             f"clique by pod affinity on {NVIDIA_CLIQUE_LABEL})")
         return self
 
 
@@ -314,13 +353,15 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
                            **({CLIQUE_GROUP_ANNOTATION: str(group)} if group is not None else {})}
     spec = tpl["spec"]
     spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")
-    spec["resourceClaims"] = [*(spec.get("resourceClaims") or []),
-                              {"name": CLAIM_REF, "resourceClaimName": claim_name}]
+    ref = "resourceClaimTemplateName" if args.backend is Backend.NVIDIA else "resourceClaimName"
+    spec["resourceClaims"] = [*(spec.get("resourceClaims") or []), {"name": CLAIM_REF, ref: claim_name}]
+    if args.backend is Backend.NVIDIA and args.one_clique:
+        _keep_in_one_clique(spec, {COMPUTE_DOMAIN_LABEL: domain, WORKLOAD_LABEL: args.name})
     gates = spec.get("schedulingGates") or []
     if pod_group is not None:
         spec["schedulingGroup"] = {"podGroupName": pod_group}
         meta["annotations"][POD_GROUP_ANNOTATION] = pod_group  # what the driver's policy sets it from
-    gated = args.reservation_gate and (pod_group is None or args.clique_groups > 1)
+    gated = args.gated and (pod_group is None or args.clique_groups > 1)
     if gated and not any(g.get("name") == RESERVATION_GATE for g in gates):
         spec["schedulingGates"] = [*gates, {"name": RESERVATION_GATE}]
     gpu_container = args.gpu_container or spec["containers"][0]["name"]
@@ -334,6 +375,16 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
             # gpus_per_pod would ask for that many times more.
             res["limits"] = {**(res.get("limits") or {}), args.gpu_resource: str(args.gpus_per_pod)}
     return tpl
+
+
+def _keep_in_one_clique(spec: dict[str, Any], selector: dict[str, str]) -> None:
+    """Add to the pod spec a required pod affinity among the job's pods on NVIDIA's clique label
+    (the user's own affinity terms kept): NVIDIA's driver lets a domain's pods land anywhere."""
+    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
+    pod_affinity = affinity["podAffinity"] = dict(affinity.get("podAffinity") or {})
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    pod_affinity[key] = [*(pod_affinity.get(key) or []),
+                         {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": NVIDIA_CLIQUE_LABEL}]
 
 
 def master_address(args: BoundJobArgs, *, namespace: str) -> str:
@@ -574,7 +625,7 @@ class BoundJob(pulumi.ComponentResource):
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
-                 wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool = True,
+                 wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool | None = None,
                  master_port: int = DEFAULT_MASTER_PORT, scheduler: Scheduler = "auto",
                  gpu_container: str | None = None, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
@@ -584,7 +635,9 @@ class BoundJob(pulumi.ComponentResource):
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
             "master_port": master_port, "scheduler": scheduler, "gpu_container": gpu_container,
-            "clique_groups": groups}, unknown)  # an unknown keyword is named with the valid ones
+            "clique_groups": groups,  # an unknown keyword is named with the valid ones
+            "backend": compute_domain.backend if isinstance(compute_domain, ComputeDomain) else Backend.NVLFABRIC},
+            unknown)
         if not isinstance(compute_domain, ComputeDomain):
             raise ComponentArgsError(
                 f"BoundJob {resource_name!r}: invalid arguments\n  compute_domain: expected a "
@@ -597,9 +650,11 @@ class BoundJob(pulumi.ComponentResource):
                      resource_name=resource_name)
         program.workload_tolerations(resource_name, list(self.args.pod_template["spec"].get("tolerations") or []))
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
-        short = capacity.shortfall(self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
-                                   gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0,
-                                   racks=capacity.declared(), namespace=compute_domain.namespace)
+        # (An NVIDIA domain's job bigger than one clique spreads as kube-scheduler finds room.)
+        short = None if not self.args.one_clique else capacity.shortfall(
+            self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
+            gpus_per_pod=self.args.gpus_per_pod if self.args.gpu_resource else 0, racks=capacity.declared(),
+            namespace=compute_domain.namespace)
         if short:
             pulumi.log.warn(short, resource=self)
         apis = self._workload_apis(resource_name, compute_domain.namespace)
@@ -641,7 +696,8 @@ class BoundJob(pulumi.ComponentResource):
         given = self.args.name
         self.job_name = self.job.id.apply(lambda _: given)  # known once the workload exists
         self.kind = pulumi.Output.from_input(self.args.kind)
-        self.scheduler = pulumi.Output.from_input("kubernetes" if apis else "nvlfabric")
+        self.scheduler = pulumi.Output.from_input("kubernetes" if apis else "kube-scheduler"
+                                                  if self.args.backend is Backend.NVIDIA else "nvlfabric")
         self.namespace = pulumi.Output.from_input(compute_domain.namespace)
         self.pods = pulumi.Output.from_input(self.args.parallelism)
         self.claim_name = compute_domain.claim_name
@@ -653,7 +709,7 @@ class BoundJob(pulumi.ComponentResource):
         """Whether Kubernetes schedules this job (its apiVersions) or nvlfabric's controller does
         (None), from `scheduler` and, unless told, what the cluster offers at preview."""
         a = self.args
-        if a.scheduler == "nvlfabric":
+        if a.scheduler == "nvlfabric" or a.backend is Backend.NVIDIA:
             return None
         try:
             source = kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig"))

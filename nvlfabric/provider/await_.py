@@ -24,8 +24,14 @@ The shape follows pulumi-kubernetes' newer await code (`condition/`, `checker/`)
 | `Ready`    | the above; `status.observedGeneration == metadata.generation` and `status.phase == Ready` |
 
 `Ready` fails fast on phase `Failed` (at the current generation): the controller has said the spec
-cannot be satisfied, and its Ready condition's message says why. Deletion has its own condition,
-`deleted`, whose description names the finalizers that hold an object back.
+cannot be satisfied, and its Ready condition's message says why.
+On the `nvidia` backend (nvlfabric/provider/nvidiadomain.py) the same table holds with NVIDIA's
+objects (`NVIDIA_READINESS`): its CRD, its ComputeDomain, the workload ResourceClaimTemplate its
+controller makes (proof that the controller runs), and for `Ready` NVIDIA's `status.status: Ready`
+with at least `numNodes` entries in `status.nodes` (its spec is immutable: no generation to match).
+
+Deletion has its own condition, `deleted`, whose description names the finalizers that hold an
+object back.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from nvlfabric.api import nvidia
 from nvlfabric.api.computedomain import CRD_NAME, Phase
 from nvlfabric.api.errors import TemporaryError
 from nvlfabric.provider.errors import AwaitFailed, AwaitTimeout
@@ -209,6 +216,11 @@ class Snapshot:
     crd: Obj | None = None
     #: False when the CRD could not be read (no RBAC on CRDs): then it is not part of the verdict.
     crd_readable: bool = True
+    #: Whose objects these are: nvlfabric's (a ComputeDomain and its ResourceClaim) or, on the
+    #: nvidia backend, NVIDIA's (its ComputeDomain and the ResourceClaimTemplate its controller makes).
+    crd_name: str = CRD_NAME
+    crd_hint: str = "install nvlfabric's CRDs first"
+    claim_kind: str = "ResourceClaim"
 
     @property
     def cd_ref(self) -> str:
@@ -216,7 +228,7 @@ class Snapshot:
 
     @property
     def claim_ref(self) -> str:
-        return f"ResourceClaim {self.namespace}/{self.claim_name}"
+        return f"{self.claim_kind} {self.namespace}/{self.claim_name}"
 
 
 def _get(obj: Obj | None, *path: str) -> Any:
@@ -230,15 +242,15 @@ def _get(obj: Obj | None, *path: str) -> Any:
 
 def _crd_established(s: Snapshot) -> Seen:
     if not s.crd_readable:
-        return Seen(True, f"CRD {CRD_NAME} not readable with these credentials (not checked)")
+        return Seen(True, f"CRD {s.crd_name} not readable with these credentials (not checked)")
     if s.crd is None:
-        return Seen(False, f"CRD {CRD_NAME} is not installed (install nvlfabric's CRDs first)")
+        return Seen(False, f"CRD {s.crd_name} is not installed ({s.crd_hint})")
     for cond in _get(s.crd, "status", "conditions") or []:
         if cond.get("type") == "Established":
             if cond.get("status") == "True":
-                return Seen(True, f"CRD {CRD_NAME} established")
-            return Seen(False, f"CRD {CRD_NAME} not established: {cond.get('message') or cond.get('reason')}")
-    return Seen(False, f"CRD {CRD_NAME} not established yet")
+                return Seen(True, f"CRD {s.crd_name} established")
+            return Seen(False, f"CRD {s.crd_name} not established: {cond.get('message') or cond.get('reason')}")
+    return Seen(False, f"CRD {s.crd_name} not established yet")
 
 
 def _exists(ref: str, obj: Obj | None) -> Seen:
@@ -306,6 +318,20 @@ def _cd_ready(s: Snapshot) -> Seen:
     return Seen(False, describe_status(s))
 
 
+def _nvidia_ready(s: Snapshot) -> Seen:
+    """NVIDIA's global status (its controller: Ready once every listed daemon is, and at least
+    numNodes are listed), in the same words as ours."""
+    status = nvidia.DomainStatus.model_validate(_get(s.cd, "status") or {})
+    wanted = int(_get(s.cd, "spec", "numNodes") or 0)
+    ready = sum(1 for n in status.nodes if n.status == nvidia.READY)
+    members = f"{ready} of {len(status.nodes)} IMEX daemons ready" if status.nodes else "no IMEX daemon reported yet"
+    if wanted > len(status.nodes):
+        members += f" (numNodes {wanted})"
+    laggard = next((n.name for n in status.nodes if n.status != nvidia.READY), None)
+    seen = f"status {status.status}; {members}" + (f"; node {laggard} not ready" if laggard else "")
+    return Seen(status.status == nvidia.READY and len(status.nodes) >= wanted, seen)
+
+
 CRD_ESTABLISHED: Final = Condition[Snapshot]("CRD established", _crd_established)
 CD_EXISTS: Final = Condition[Snapshot]("ComputeDomain exists", lambda s: _exists(s.cd_ref, s.cd))
 CLAIM_EXISTS: Final = Condition[Snapshot]("channel claim exists", lambda s: _exists(s.claim_ref, s.claim))
@@ -328,9 +354,18 @@ READINESS: Final[Mapping[AwaitFor, tuple[Condition[Snapshot], ...]]] = MappingPr
 })
 
 
-def readiness(level: AwaitFor) -> Condition[Snapshot]:
+NVIDIA_READY: Final = Condition[Snapshot]("NVIDIA's ComputeDomain Ready", _nvidia_ready)
+NVIDIA_READINESS: Final[Mapping[AwaitFor, tuple[Condition[Snapshot], ...]]] = MappingProxyType({
+    AwaitFor.NONE: (),
+    AwaitFor.ACCEPTED: (CRD_ESTABLISHED, CD_EXISTS, CLAIM_EXISTS),
+    AwaitFor.READY: (CRD_ESTABLISHED, CD_EXISTS, CLAIM_EXISTS, NVIDIA_READY),
+})
+
+
+def readiness(level: AwaitFor, table: Mapping[AwaitFor, tuple[Condition[Snapshot], ...]] = READINESS,
+              ) -> Condition[Snapshot]:
     """The table row for `level` as one condition."""
-    return all_of(*READINESS[level])
+    return all_of(*table[level])
 
 
 def awaited(s: Snapshot, level: AwaitFor) -> str:

@@ -61,7 +61,7 @@ import functools
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Required, TypedDict, TypeVar, Unpack
+from typing import Any, Final, Literal, Required, TypedDict, TypeVar, Unpack
 
 from lightkube import Client
 from lightkube.generic_resource import create_namespaced_resource
@@ -91,6 +91,7 @@ from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names, immutable_changes
 from nvlfabric.api.names import CLIQUE_GROUPS_ANNOTATION, COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
+from nvlfabric.api.nvidia import Backend, NvidiaDomainSpec
 from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import await_, errors, host, kube
 from nvlfabric.provider.await_ import AwaitFor, Deadline, Snapshot
@@ -125,6 +126,7 @@ class ComputeDomainArgs(BaseModel):
                       description="The ComputeDomain's name: a DNS label (its claim and labels derive from it).")
     namespace: str = Field("default", pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX,
                            description="The namespace of the ComputeDomain, its claim and its pods.")
+    backend: Literal[Backend.NVLFABRIC] = Field(Backend.NVLFABRIC, description="nvlfabric's own ComputeDomain.")
     spec: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec, description="The desired ComputeDomain.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels of the ComputeDomain.")
     await_for: AwaitFor = Field(AwaitFor.ACCEPTED, description="What create and update wait for.")
@@ -135,7 +137,8 @@ class ComputeDomainArgs(BaseModel):
     def to_inputs(self) -> dict[str, Any]:
         """The normalised inputs (API names, defaults filled, no nulls)."""
         return {
-            "name": self.name, "namespace": self.namespace, "spec": _dump(self.spec), "labels": dict(self.labels),
+            "name": self.name, "namespace": self.namespace, "backend": self.backend.value, "spec": _dump(self.spec),
+            "labels": dict(self.labels),
             "await_for": self.await_for.value, "timeout_s": self.timeout_s, "adopt": self.adopt,
             "force_delete": self.force_delete,
         }
@@ -192,6 +195,8 @@ _FIXES: Final[Mapping[str, str]] = {
     "adopt": "use true or false",
     "force_delete": "use true or false",
     "labels": "give a map of label keys to string values",
+    "backend": "use 'nvlfabric' (nvlfabric's driver, the default) or 'nvidia' (NVIDIA's DRA driver, already in the "
+               "cluster)",
 }
 
 _ALLOWED: Final[Mapping[str, list[str]]] = {
@@ -212,14 +217,16 @@ def _prop(loc: Loc) -> str:
     return ".".join(loc)
 
 
-def _failure(err: ErrorDetails) -> tuple[Loc, CheckFailure]:
+def _failure(err: ErrorDetails, allowed_here: Mapping[str, list[str]] = _ALLOWED) -> tuple[Loc, CheckFailure]:
     loc = tuple(str(p) for p in err["loc"])
     path = _prop(loc)
     message = err["msg"].removeprefix("Value error, ")
     if api.ALL_NEEDS_DEDICATED_MESSAGE in message:  # the spec's cross-field rule names its own fix
         return loc, CheckFailure("spec.channelAllocationMode", api.ALL_NEEDS_DEDICATED_MESSAGE)
+    if err["type"] == "literal_error" and loc == ("backend",):  # the other backend's model judges it
+        return loc, CheckFailure("backend", f"unknown backend {err.get('input')!r}: {_FIXES['backend']}")
     if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_ALLOWED.get(".".join(loc[:-1]), []))
+        allowed = ", ".join(allowed_here.get(".".join(loc[:-1]), []))
         return loc, CheckFailure(path, f"unknown property {path}" + (f"; allowed here: {allowed}" if allowed else ""))
     if err["type"] == "missing":
         return loc, CheckFailure(path, f"{path} is required" + (f": {_FIXES[path]}" if path in _FIXES else ""))
@@ -245,8 +252,15 @@ def _label_failures(labels: Mapping[str, str]) -> list[tuple[Loc, CheckFailure]]
     return failures
 
 
-def check_inputs(news: Mapping[str, Any]) -> CheckResult:
-    """Validate and normalise inputs; what is unknown (or depends on it) is passed through unjudged."""
+def backend_of(props: Mapping[str, Any]) -> str:
+    """The backend the inputs (or the state) name; absent means nvlfabric (state from before backends)."""
+    return str(props.get("backend") or Backend.NVLFABRIC.value)
+
+
+def check_inputs(news: Mapping[str, Any], model: type[ComputeDomainArgs] | Any = ComputeDomainArgs,
+                 allowed: Mapping[str, list[str]] = _ALLOWED) -> CheckResult:
+    """Validate and normalise inputs with the backend's `model` (its `allowed` properties for an
+    unknown one); what is unknown (or depends on it) is passed through unjudged."""
     props = _user_props(news)
     unknown = list(_unknown_paths(props))
 
@@ -255,9 +269,9 @@ def check_inputs(news: Mapping[str, Any]) -> CheckResult:
         return [f for loc, f in found if not any(loc[: len(u)] == u or u[: len(loc)] == loc for u in unknown)]
 
     try:
-        args = ComputeDomainArgs.model_validate(props)
+        args = model.model_validate(props)
     except ValidationError as exc:
-        return CheckResult(dict(news), judged(map(_failure, exc.errors())))
+        return CheckResult(dict(news), judged(_failure(e, allowed) for e in exc.errors()))
     failures = judged(_label_failures(args.labels))
     if failures or unknown:
         return CheckResult(dict(news), failures)
@@ -401,6 +415,7 @@ def outputs(cd: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any
     return {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
+        "backend": Backend.NVLFABRIC.value,
         "spec": _dump(spec),
         "labels": dict(meta.get("labels") or {}),
         **{k: settings.get(k, d) for k, d in SETTINGS.items()},
@@ -443,8 +458,10 @@ def claim_drift(client: Client, cd: Mapping[str, Any]) -> str | None:
     return None
 
 
-def claim_users(claim: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], claim_name: str) -> list[str]:
-    """'namespace/name' of the pods using the claim: reserved for, or referencing it and not finished."""
+def claim_users(claim: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], claim_name: str, *,
+                ref_key: str = "resourceClaimName") -> list[str]:
+    """'namespace/name' of the pods using the claim: reserved for, or referencing it and not finished
+    (`ref_key` resourceClaimTemplateName: the pods whose claims are made from the template of that name)."""
     users = [f"{_meta(claim).get('namespace')}/{ref.get('name')}"
              for ref in ((claim or {}).get("status") or {}).get("reservedFor") or []
              if ref.get("resource") == "pods"]
@@ -452,7 +469,7 @@ def claim_users(claim: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue  # a finished pod holds no channel
         refs = (pod.get("spec") or {}).get("resourceClaims") or []
-        if any(r.get("resourceClaimName") == claim_name for r in refs):
+        if any(r.get(ref_key) == claim_name for r in refs):
             users.append(f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}")
     return list(dict.fromkeys(users))
 
@@ -519,14 +536,34 @@ class ComputeDomainProvider(ResourceProvider):
 
     # -- engine entry points
 
+    # The nvidia backend's operations are nvlfabric/provider/nvidiadomain.py, built on this module's
+    # helpers (so imported where used).
+
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        backend = news.get("backend")
+        if is_unknown(backend):  # which model judges the rest is not known yet
+            return CheckResult(dict(news), [])
+        if backend_of(news) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.check_inputs(news)
         return check_inputs(news)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        new_backend = news.get("backend")
+        if is_unknown(new_backend) or backend_of(news) != backend_of(olds):
+            # Another backend is another object (nvlfabric.io's or resource.nvidia.com's), made
+            # before the old one goes: the migration's preview shows each domain replaced for this.
+            return DiffResult(changes=True, replaces=["backend"], delete_before_replace=False)
+        if backend_of(news) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.compute_diff(olds, news)
         return compute_diff(olds, news)
 
     @_plain_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
+        if backend_of(props) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.create(self, props)
         # The spec goes to the API server as given (it judges it, strictly); the rest is ours to parse.
         spec = _user_props(props).get("spec") or {}
         settings = _parse({**_user_props(props), "spec": {}})
@@ -545,6 +582,9 @@ class ComputeDomainProvider(ResourceProvider):
 
     @_plain_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        if backend_of(props) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.read(self, id_, props)
         ns, name = _split_id(id_, props)
         client = self._client()
         live = _get(client, CD, name, ns)
@@ -556,6 +596,9 @@ class ComputeDomainProvider(ResourceProvider):
 
     @_plain_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if backend_of(news) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.update(self, olds, news)
         args = _parse(_user_props(news))
         deadline = self._deadline(args.timeout_s)
         client = self._client()
@@ -573,6 +616,9 @@ class ComputeDomainProvider(ResourceProvider):
 
     @_plain_errors
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        if backend_of(props) == Backend.NVIDIA:
+            from nvlfabric.provider import nvidiadomain  # (it imports this module)
+            return nvidiadomain.delete(self, id_, props)
         ns, name = _split_id(id_, props)
         force = bool(props.get("force_delete"))
         deadline = self._deadline(float(props.get("timeout_s") or DEFAULT_TIMEOUT_S))
@@ -703,11 +749,15 @@ class ComputeDomainProvider(ResourceProvider):
         settle = clock.monotonic() + DEPARTING_SETTLE_S
         poll = getattr(self, "poll", None) or await_.POLL
         delay, said = poll.initial_s, -1
+        # On the nvidia backend the domain's "claim" is NVIDIA's ResourceClaimTemplate: its users
+        # are the pods whose claims are made from it.
+        template = snap.claim_kind == "ResourceClaimTemplate"
         while True:
-            claim = _get(client, ResourceClaim, snap.claim_name, snap.namespace)
+            claim = None if template else _get(client, ResourceClaim, snap.claim_name, snap.namespace)
             with kube_errors.api_call(f"list pods in namespace {snap.namespace}"):
                 pods = [p.to_dict() for p in client.list(Pod, namespace=snap.namespace)]
-            users = claim_users(claim, pods, snap.claim_name)
+            users = claim_users(claim, pods, snap.claim_name,
+                                ref_key="resourceClaimTemplateName" if template else "resourceClaimName")
             if not users:
                 return
             live = {f"{_meta(p).get('namespace')}/{_meta(p).get('name')}": p for p in pods}
@@ -848,7 +898,8 @@ class ResourceInputs(TypedDict, total=False):
 
     name: Required[Input[str]]
     namespace: Input[str]
-    spec: ComputeDomainSpec | Input[Mapping[str, Any]] | None
+    backend: Input[str]
+    spec: ComputeDomainSpec | NvidiaDomainSpec | Input[Mapping[str, Any]] | None
     labels: Input[Mapping[str, str]] | None
     await_for: AwaitFor | str | None
     timeout_s: Input[float]
@@ -866,7 +917,9 @@ def resource_inputs(**inputs: Unpack[ResourceInputs]) -> dict[str, Any]:
     return {
         "name": inputs["name"],
         "namespace": inputs.get("namespace", "default"),
-        "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else (spec if spec is not None else {}),
+        "backend": inputs.get("backend", Backend.NVLFABRIC.value),
+        "spec": _dump(spec) if isinstance(spec, ComputeDomainSpec) else spec.dump()
+        if isinstance(spec, NvidiaDomainSpec) else spec if spec is not None else {},
         "labels": labels if labels is not None else {},
         # Python's None here means "do not wait" (a null input would mean the default).
         "await_for": str(await_for if await_for is not None else AwaitFor.NONE),

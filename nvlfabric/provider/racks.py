@@ -2,8 +2,9 @@
 
 A read at program time (a data source, run by preview and up alike), for `components.Nvl72Rack`:
 per node whether it exists and is Ready, the clique label its node agent set from NVML
-(`nvlfabric.io/clique`), whether the fabric is ready, and its GPUs: allocatable and requested by
-the pods on it that have not finished. `summarize` is pure and unit-tested.
+(`nvlfabric.io/clique`) or, on a cluster that runs NVIDIA's driver, the one GPU Feature Discovery
+set (`nvidia.com/gpu.clique`, same `<clusterUUID>.<cliqueId>` value), whether the fabric is ready,
+and its GPUs: allocatable and requested by the pods on it that have not finished. `summarize` is pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.api import errors
 from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL, RACK_LABEL, WORKLOAD_LABEL
+from nvlfabric.api.nvidia import CLIQUE_LABEL as NVIDIA_CLIQUE_LABEL
 from nvlfabric.kube.errors import api_call
 
 
@@ -144,7 +146,8 @@ def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[
             workload = ((p.metadata.labels if p.metadata else None) or {}).get(WORKLOAD_LABEL)
             if workload and p.metadata:
                 by_workload.setdefault(f"{p.metadata.namespace or 'default'}/{workload}", []).append(p)
-        out.append(NodeView(name=name, exists=True, ready=ready, clique=labels.get(CLIQUE_LABEL),
+        clique = labels.get(CLIQUE_LABEL) or labels.get(NVIDIA_CLIQUE_LABEL)
+        out.append(NodeView(name=name, exists=True, ready=ready, clique=clique,
                             fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
                             gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource),
                             rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL),

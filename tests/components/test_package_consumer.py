@@ -60,7 +60,7 @@ def test_inputs_are_the_args_models_fields_in_camel_case_with_their_descriptions
     assert schema["name"] == "nvlfabric" and set(schema["resources"]) == set(BY_TOKEN)
     cd = schema["resources"][CD_TOKEN]
     assert cd["isComponent"] is True
-    assert set(cd["inputProperties"]) == {"name", "namespace", "spec", "labels", "awaitFor", "timeoutS",
+    assert set(cd["inputProperties"]) == {"name", "namespace", "backend", "spec", "labels", "awaitFor", "timeoutS",
                                           "forceDelete"}
     assert cd["inputProperties"]["namespace"] == {
         "type": "string", "default": "default", "description": ComputeDomainArgs.model_fields["namespace"].description}

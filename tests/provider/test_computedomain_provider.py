@@ -75,7 +75,8 @@ INVALID = [
                  "spec.channelClaim.name is required: use a DNS subdomain", id="claim-name-missing"),
     pytest.param({"name": "t", "spec": {"imexmode": "Dedicated"}}, "spec.imexmode",
                  "unknown property spec.imexmode; allowed here: channelAllocationMode, numNodes, imexMode", id="typo"),
-    pytest.param({"name": "t", "colour": "red"}, "colour", "allowed here: name, namespace, spec", id="unknown-input"),
+    pytest.param({"name": "t", "colour": "red"}, "colour", "allowed here: name, namespace, backend, spec",
+                 id="unknown-input"),
     pytest.param({"name": "t", "await_for": "Done"}, "await_for", "use 'None', 'Accepted' or 'Ready'", id="await"),
     pytest.param({"name": "t", "timeout_s": 0}, "timeout_s", "positive number", id="timeout"),
     pytest.param({"name": "t", "labels": {"bad key!": "x"}}, 'labels["bad key!"]', "invalid label key", id="label"),
@@ -97,7 +98,7 @@ def test_check_normalises_the_spec_and_keeps_the_provider() -> None:
     result = check_inputs({"__provider": "p", "name": "t", "spec": {"numNodes": 2}, "uid": None})
     assert not result.failures
     assert result.inputs == {
-        "__provider": "p", "name": "t", "namespace": "default",
+        "__provider": "p", "name": "t", "namespace": "default", "backend": "nvlfabric",
         "spec": {"channelAllocationMode": "Single", "numNodes": 2, "imexMode": "CliqueScoped",
                  "placement": {"scope": "SingleClique"}},
         "labels": {}, "await_for": "Accepted", "timeout_s": 600.0, "adopt": False, "force_delete": False,

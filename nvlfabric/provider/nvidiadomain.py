@@ -1,0 +1,287 @@
+"""The `nvidia` backend of the ComputeDomain provider: NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`).
+
+`ComputeDomainProvider` (nvlfabric/provider/computedomain.py) sends here every call whose inputs
+(or state) say `backend: nvidia`. The Pulumi behaviour is the same as on nvlfabric's backend; what
+differs is whose object it is:
+
+- `check` validates with `NvidiaArgs`, whose spec (`nvlfabric.api.nvidia.NvidiaDomainSpec`) refuses
+  what means nothing to NVIDIA's driver (`spec.imexMode`, `spec.placement`), naming the field.
+- `diff`: NVIDIA's CRD makes the whole spec immutable (CEL "A computeDomain.spec is immutable"), so
+  any spec change is a replace, named by the field (`spec.numNodes`); labels and the provider
+  settings are updates. A replace deletes first when it reuses the domain's or its claim
+  template's name.
+- `create` posts NVIDIA's ComputeDomain with strict field validation, then awaits; a failed await
+  deletes it again (rollback). `adopt` takes over an existing one whose spec already matches (it
+  cannot be changed), and then only sets its labels.
+- Awaiting (`await_.NVIDIA_READINESS`): `Accepted` is NVIDIA's CRD established, the domain there
+  and the workload ResourceClaimTemplate that NVIDIA's controller makes from
+  `spec.channel.resourceClaimTemplate.name` (without its controller nothing would ever serve the
+  domain, so that is said at `up` rather than by pods stuck later); `Ready` is `status.status:
+  Ready` with at least `numNodes` IMEX daemons in `status.nodes`.
+- `read` rebuilds the inputs from the live object (drift shows on refresh); a deleted domain
+  reads as gone.
+- `delete` refuses while pods whose claims come from the template run (unless `force_delete`),
+  as on nvlfabric's backend, then deletes the domain and waits until it is gone: NVIDIA's
+  controller removes its finalizer once it has torn down the domain's daemons and templates; the
+  timeout message names the finalizer if it does not.
+
+The outputs are the same keys as nvlfabric's: `claim_name` is the template's name, `channel` is
+always 0 (NVIDIA's driver gives every domain channel 0), `clique` the one clique of its daemons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from lightkube import Client
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.resource_v1 import ResourceClaimTemplate
+from lightkube.types import PatchType
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nvlfabric.api import errors as api_errors
+from nvlfabric.api import names
+from nvlfabric.api import nvidia as nv
+from nvlfabric.api.nvidia import Backend, NvidiaDomainSpec
+from nvlfabric.kube import errors as kube_errors
+from nvlfabric.provider import await_, errors
+from nvlfabric.provider import computedomain as cd
+from nvlfabric.provider.await_ import AwaitFor, Snapshot
+
+NVIDIA_CD: Final = create_namespaced_resource(nv.GROUP, nv.VERSION, nv.KIND, nv.PLURAL)
+CONTROLLER_HINT: Final = ("NVIDIA's compute-domain controller makes the ResourceClaimTemplate: is NVIDIA's DRA "
+                          "driver installed with resources.computeDomains.enabled=true, and its controller running?")
+
+
+class NvidiaArgs(BaseModel):
+    """The inputs of a ComputeDomain resource on the nvidia backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)
+    namespace: str = Field("default", pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)
+    backend: Literal[Backend.NVIDIA]
+    spec: NvidiaDomainSpec = Field(default_factory=NvidiaDomainSpec)
+    labels: dict[str, str] = Field(default_factory=dict)
+    await_for: AwaitFor = AwaitFor.ACCEPTED
+    timeout_s: float = Field(cd.DEFAULT_TIMEOUT_S, gt=0)
+    adopt: bool = False
+    force_delete: bool = False
+
+    def to_inputs(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "backend": self.backend.value,
+                "spec": self.spec.dump(), "labels": dict(self.labels), "await_for": self.await_for.value,
+                "timeout_s": self.timeout_s, "adopt": self.adopt, "force_delete": self.force_delete}
+
+
+ALLOWED: Final[Mapping[str, list[str]]] = {
+    "": list(NvidiaArgs.model_fields),
+    "spec": ["numNodes", "channelAllocationMode", "channelClaim"],
+    "spec.channelClaim": ["name"],
+}
+
+
+def check_inputs(news: Mapping[str, Any]) -> CheckResult:
+    return cd.check_inputs(news, NvidiaArgs, ALLOWED)
+
+
+def _normal_spec(raw: Any) -> dict[str, Any]:
+    try:
+        return NvidiaDomainSpec.model_validate(raw or {}).dump()
+    except ValidationError:
+        return dict(raw) if isinstance(raw, Mapping) else {}
+
+
+def _template_of(props: Mapping[str, Any]) -> str | None:
+    name, spec = props.get("name"), props.get("spec")
+    if not isinstance(name, str) or cd.is_unknown(name) or cd._contains_unknown(spec):
+        return None
+    try:
+        return NvidiaDomainSpec.model_validate(spec or {}).template_name(name)
+    except ValidationError:
+        return None
+
+
+def compute_diff(olds: Mapping[str, Any], news: Mapping[str, Any]) -> DiffResult:
+    """Like nvlfabric's, but every spec field is a replace (NVIDIA's spec is immutable)."""
+    replaces = [key for key, default in (("namespace", "default"), ("name", None))
+                if cd.is_unknown(news.get(key, default)) or news.get(key, default) != olds.get(key, default)]
+    new_raw = news.get("spec")
+    if cd.is_unknown(new_raw):
+        replaces.append("spec")
+    else:
+        old, new = _normal_spec(olds.get("spec")), (new_raw or {})
+        # (unknown values stay as they are, and count as changed)
+        new = _normal_spec({k: v for k, v in new.items() if not cd._contains_unknown(v)}) | {
+            k: v for k, v in new.items() if cd._contains_unknown(v)}
+        replaces += [f"spec.{k}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    new_labels = news.get("labels") or {}
+    labels_changed = cd._contains_unknown(new_labels) or dict(olds.get("labels") or {}) != dict(new_labels)
+    settings_changed = any(news.get(k, d) != olds.get(k, d) for k, d in cd.SETTINGS.items())
+    if not replaces:
+        return DiffResult(changes=labels_changed or settings_changed)
+    new_template = _template_of(news)
+    same_ns = news.get("namespace", "default") == olds.get("namespace", "default")
+    reuses = (new_template is None or cd.is_unknown(news.get("name")) or cd.is_unknown(news.get("namespace"))
+              or (same_ns and (news.get("name") == olds.get("name")
+                               or new_template == (olds.get("claim_name") or _template_of(olds)))))
+    return DiffResult(changes=True, replaces=replaces, delete_before_replace=reuses)
+
+
+def outputs(obj: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The resource's outputs from NVIDIA's live ComputeDomain (the same keys as nvlfabric's)."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name"))
+    spec = nv.spec_of(name, obj.get("spec") or {})
+    status = nv.DomainStatus.model_validate(obj.get("status") or {})
+    nodes = [{"name": n.name, "ready": n.status == nv.READY} for n in status.nodes]
+    cliques = {n.clique_id for n in status.nodes if n.clique_id}
+    ready = status.status == nv.READY and bool(obj.get("status"))
+    return {
+        "name": name, "namespace": meta.get("namespace"), "backend": Backend.NVIDIA.value, "spec": spec.dump(),
+        "labels": dict(meta.get("labels") or {}),
+        **{k: settings.get(k, d) for k, d in cd.SETTINGS.items()},
+        "uid": meta.get("uid"), "claim_name": spec.template_name(name),
+        # NVIDIA's two states in nvlfabric's phases: Ready, else Pending until a daemon joins.
+        "phase": "Ready" if ready else "Allocating" if nodes else "Pending",
+        "clique": next(iter(cliques)) if len(cliques) == 1 else None,
+        "channel": 0, "nodes": nodes, "ready_nodes": sum(1 for n in nodes if n["ready"]), "total_nodes": len(nodes),
+        "claim_drift": None,
+    }
+
+
+def _parse(props: Mapping[str, Any]) -> NvidiaArgs:
+    try:
+        return NvidiaArgs.model_validate(cd._user_props(props))
+    except ValidationError as exc:
+        reasons = "; ".join(f"{f.property}: {f.reason}" for _, f in (cd._failure(e, ALLOWED) for e in exc.errors()))
+        raise errors.InvalidInputs(f"invalid ComputeDomain inputs: {reasons}") from None
+
+
+def _snapshot(client: Client | None, ns: str, name: str, template: str) -> Snapshot:
+    base = Snapshot(namespace=ns, name=name, claim_name=template, crd_name=nv.CRD_NAME,
+                    crd_hint="install NVIDIA's DRA driver (its chart's CRDs) first, or use backend 'nvlfabric'",
+                    claim_kind="ResourceClaimTemplate")
+    if client is None:
+        return base
+    crd, readable = None, True
+    try:
+        crd = cd._get(client, CustomResourceDefinition, nv.CRD_NAME, None)
+    except api_errors.Forbidden:
+        readable = False
+    return dataclasses.replace(base, crd=crd, crd_readable=readable, cd=cd._get(client, NVIDIA_CD, name, ns),
+                               claim=cd._get(client, ResourceClaimTemplate, template, ns))
+
+
+def _await(p: cd.ComputeDomainProvider, client: Client, args: NvidiaArgs, deadline: await_.Deadline,
+           ) -> dict[str, Any]:
+    template = args.spec.template_name(args.name)
+    snap = _snapshot(None, args.namespace, args.name, template)
+    if not await_.NVIDIA_READINESS[args.await_for]:
+        live = cd._get(client, NVIDIA_CD, args.name, args.namespace)
+        return dict(live or {})
+    seen = await_.wait(
+        awaited=await_.awaited(snap, args.await_for),
+        observe=lambda: _snapshot(client, args.namespace, args.name, template),
+        condition=await_.readiness(args.await_for, await_.NVIDIA_READINESS), deadline=deadline,
+        poll=getattr(p, "poll", None) or await_.POLL, on_progress=p._on_progress(),
+        hint=CONTROLLER_HINT if args.await_for is AwaitFor.ACCEPTED else
+        "raise timeout_s, or set await_for='Accepted' to not wait for the domain's IMEX daemons")
+    assert seen.cd is not None  # the condition requires it
+    return dict(seen.cd)
+
+
+def create(p: cd.ComputeDomainProvider, props: dict[str, Any]) -> CreateResult:
+    args = _parse(props)
+    ns, name = args.namespace, args.name
+    ref = f"NVIDIA ComputeDomain {ns}/{name}"
+    deadline = p._deadline(args.timeout_s)
+    client = p._client()
+    body = nv.domain_object(name, ns, args.labels, args.spec)
+    created: list[tuple[str, Any, str]] = []
+    try:
+        try:
+            p._retrying(deadline, f"create {ref}",
+                        lambda: dict(cd._send(client, "post", NVIDIA_CD, NVIDIA_CD.from_dict(body), namespace=ns)))
+        except api_errors.NotFound as exc:
+            raise api_errors.NotFound(
+                action=exc.action, code=exc.code, reason=exc.reason, message=exc.message,
+                hint=f"is NVIDIA's DRA driver installed (its CRD {nv.CRD_NAME}), and does namespace {ns} exist? "
+                     "Without it use backend 'nvlfabric'") from exc
+        except api_errors.AlreadyExists:
+            _adopt(client, args, ref)
+        else:
+            created.append(("ComputeDomain", NVIDIA_CD, name))
+        live = _await(p, client, args, deadline)
+    except Exception as exc:
+        p._roll_back(client, ns, created, exc)
+        raise
+    return CreateResult(f"{ns}/{name}", outputs(live, args.to_inputs()))
+
+
+def _adopt(client: Client, args: NvidiaArgs, ref: str) -> None:
+    """Take over an existing domain (adopt=True) whose spec is already the declared one: NVIDIA's
+    spec cannot change, so a different one is refused, naming the fields."""
+    ns, name = args.namespace, args.name
+    if not args.adopt:
+        raise errors.ObjectExists(
+            f"{ref} already exists and this stack did not create it. To manage it from this program set "
+            "adopt=True (its spec must already match: NVIDIA's spec is immutable; its labels are then set); or "
+            f"delete it first (kubectl delete computedomains.resource.nvidia.com -n {ns} {name}); or choose "
+            "another name")
+    live = cd._get(client, NVIDIA_CD, name, ns) or {}
+    have = nv.spec_of(name, live.get("spec") or {}).dump()
+    want = args.spec.dump()
+    differ = [f"spec.{k} (live {have.get(k)!r}, declared {want.get(k)!r})" for k in sorted(set(have) | set(want))
+              if have.get(k) != want.get(k)]
+    if differ:
+        raise errors.ObjectExists(
+            f"{ref} exists with another spec: {', '.join(differ)}. NVIDIA's ComputeDomain spec is immutable, so "
+            "it cannot be adopted as declared: declare its spec as it is, or delete it and let `pulumi up` make it")
+    with kube_errors.api_call(f"adopt {ref} (set its labels)"):
+        cd._send(client, "patch", NVIDIA_CD, {"metadata": {"labels": args.labels}}, name=name, namespace=ns,
+                 headers={"Content-Type": PatchType.MERGE.value})
+
+
+def read(p: cd.ComputeDomainProvider, id_: str, props: dict[str, Any]) -> ReadResult:
+    ns, name = cd._split_id(id_, props)
+    live = cd._get(p._client(), NVIDIA_CD, name, ns)
+    if live is None:
+        return ReadResult(None, {})
+    outs = outputs(live, props)
+    return ReadResult(f"{ns}/{name}", outs, {k: outs[k] for k in NvidiaArgs.model_fields})
+
+
+def update(p: cd.ComputeDomainProvider, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+    """Labels and settings only: every spec change is a replace (see `compute_diff`)."""
+    args = _parse(news)
+    deadline = p._deadline(args.timeout_s)
+    client = p._client()
+    dropped = {k: None for k in (olds.get("labels") or {}) if k not in args.labels}
+    with kube_errors.api_call(f"update NVIDIA ComputeDomain {args.namespace}/{args.name}"):
+        cd._send(client, "patch", NVIDIA_CD, {"metadata": {"labels": {**dropped, **args.labels}}}, name=args.name,
+                 namespace=args.namespace, headers={"Content-Type": PatchType.MERGE.value})
+    return UpdateResult(outputs(_await(p, client, args, deadline), args.to_inputs()))
+
+
+def delete(p: cd.ComputeDomainProvider, id_: str, props: dict[str, Any]) -> None:
+    ns, name = cd._split_id(id_, props)
+    deadline = p._deadline(float(props.get("timeout_s") or cd.DEFAULT_TIMEOUT_S))
+    client = p._client()
+    template = str(props.get("claim_name") or _template_of(props) or f"{name}-channel")
+    snap = _snapshot(None, ns, name, template)
+    if not props.get("force_delete"):
+        p._wait_out_departing_users(client, snap, deadline)
+    cd._delete(client, NVIDIA_CD, name, ns, action=f"delete NVIDIA {snap.cd_ref}")
+
+    def gone(s: Snapshot) -> await_.Seen:
+        return await_.Seen(s.cd is None, await_._still_there(s.cd_ref, s.cd) if s.cd is not None else "gone")
+
+    await_.wait(awaited=f"NVIDIA {snap.cd_ref} to be deleted",
+                observe=lambda: dataclasses.replace(snap, cd=cd._get(client, NVIDIA_CD, name, ns)),
+                condition=await_.Condition("deleted", gone), deadline=deadline,
+                poll=getattr(p, "poll", None) or await_.POLL, on_progress=p._on_progress())
