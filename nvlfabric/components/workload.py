@@ -519,7 +519,9 @@ def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, do
     tpl["metadata"]["labels"].update(selector)
     _add_launcher_env(tpl, launcher_env(args, namespace=namespace))
     if args.kind == "Job":
-        tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = args.name
+        # (No batch.kubernetes.io/job-name label of ours: the API server adds it to the pods. Given,
+        # it broke the preview of every replacement of the Job, a pod template change: pulumi-
+        # kubernetes dry-runs the replacement under a generated name, which the label then contradicts.)
         # An Indexed Job's pods are named <job>-<index> as hosts; under the subdomain of a headless
         # Service of that name, rank 0 is <job>-0.<job>.<namespace>.svc.
         tpl["spec"]["subdomain"] = args.name
@@ -590,7 +592,6 @@ def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], d
     for g, tpl in enumerate(templates):
         name = f"{args.name}-{g}"
         if args.kind == "Job":
-            tpl["metadata"]["labels"]["batch.kubernetes.io/job-name"] = name
             out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": built_in(name),
                         "spec": _job_spec(args, tpl)})
         else:
