@@ -8,6 +8,7 @@ platform repo's `pulumi preview` and `up` do, not about IMEX.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
@@ -32,6 +33,8 @@ from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
 from tests.nvidia_standin import nvidia_controller
+from tests.provider.test_preview_golden import check
+from tests.provider.test_preview_golden import normalise as _normalise
 
 NS = "default"
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia_stack"
@@ -121,6 +124,11 @@ def domain(api: Cluster) -> Iterator[str]:
             pass
 
 
+def normalise(text: str, suffix: str) -> str:
+    """As the ComputeDomain goldens, and the uids (the domain's, the default provider's) too."""
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", _normalise(text, suffix))
+
+
 def _changes(proj: Any) -> dict[str, tuple[str, list[str]]]:
     """The preview's changed steps: 'Kind/name' (the type's last part) → (op, replace reasons)."""
     out: dict[str, tuple[str, list[str]]] = {}
@@ -178,6 +186,8 @@ def test_a_stack_on_nvidias_backend_previews_clean_repairs_drift_and_moves_to_ou
         # NVIDIA's spec is immutable: a numNodes change is a replace, named by the field.
         proj.run("config", "set", "numNodes", "2")
         assert _changes(proj) == {"ComputeDomain/train": ("replace", ["spec.numNodes"])}
+        suffix = domain.removeprefix("nvmig-")
+        check("preview_nvidia_replace_numnodes.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
         proj.run("config", "rm", "numNodes")
 
         # The migration: one setting; the preview replaces the domain (for `backend`) and the Job
@@ -185,6 +195,7 @@ def test_a_stack_on_nvidias_backend_previews_clean_repairs_drift_and_moves_to_ou
         old_uid = live["metadata"]["uid"]
         proj.run("config", "set", "nvlfabric:backend", "nvlfabric")
         changes = _changes(proj)
+        check("preview_nvidia_to_nvlfabric.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
         assert changes.pop("ComputeDomain/train") == ("replace", ["backend"]), changes
         assert changes.pop("Job/train")[0] == "replace", changes
         assert set(changes) <= {"Workload/train-workload-train", "PodGroup/train-podgroup-train"}, changes
