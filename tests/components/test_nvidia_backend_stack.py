@@ -29,6 +29,7 @@ from nvlfabric.components import ComponentArgsError, ComputeDomain
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.provider.nvidiadomain import NVIDIA_CD
+from nvlfabric.review import impact, markdown, preview
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
@@ -196,6 +197,9 @@ def test_a_stack_on_nvidias_backend_previews_clean_repairs_drift_and_moves_to_ou
         proj.run("config", "set", "nvlfabric:backend", "nvlfabric")
         changes = _changes(proj)
         check("preview_nvidia_to_nvlfabric.txt", normalise(proj.run("preview", "--diff").stdout, suffix))
+        # ... and the reviewer's report of it names the reason.
+        report = markdown.render(impact.build(preview.load(proj.run("preview", "--json").stdout), None))
+        check("report/migrate_nvidia.md", normalise(report, suffix))
         assert changes.pop("ComputeDomain/train") == ("replace", ["backend"]), changes
         assert changes.pop("Job/train")[0] == "replace", changes
         assert set(changes) <= {"Workload/train-workload-train", "PodGroup/train-podgroup-train"}, changes

@@ -50,7 +50,8 @@ def test_taints_are_validated_naming_the_field() -> None:
 def nodes(cluster: Cluster) -> Iterator[list[str]]:
     suffix = uuid.uuid4().hex[:5]
     names = [f"rk-{suffix}-0", f"rk-{suffix}-1"]
-    make_ready_nodes(cluster.client, {names[0]: {racks.CLIQUE_LABEL: A}, names[1]: {racks.CLIQUE_LABEL: B}})
+    # The second as on a cluster that runs NVIDIA's driver: its clique in GPU Feature Discovery's label.
+    make_ready_nodes(cluster.client, {names[0]: {racks.CLIQUE_LABEL: A}, names[1]: {racks.NVIDIA_CLIQUE_LABEL: B}})
     for n in names:
         cluster.client.patch(Node.Status, n, {"status": {"allocatable": {"nvidia.com/gpu": "4"},
                                                          "capacity": {"nvidia.com/gpu": "4"}}})
