@@ -74,7 +74,7 @@ def channel_shortfall(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> str
             rack = (_at(props, ("metadata", "labels")) or {}).get(RACK_LABEL)
             if rack:
                 racks.add(rack)
-        elif resource_type in DOMAIN_TYPES:
+        elif resource_type in DOMAIN_TYPES and props.get("backend") != "nvidia":  # NVIDIA's: channel 0, no pool
             groups += int(_at(props, ("spec", "placement", "cliques")) or 1)
     if per_clique is None or not racks or groups <= per_clique * len(racks):
         return None

@@ -43,3 +43,5 @@ def test_more_clique_groups_than_the_racks_have_channels_is_a_violation() -> Non
     assert problem and problem.startswith("the program's ComputeDomains need 4 channels (one per clique group), but "
                                           "its 1 rack(s) have 2 (2 per clique")
     assert rules.channel_shortfall([domain, domain, domain]) is None  # no driver in the program: nothing to judge
+    nvidias = ("pulumi-python:dynamic/nvlfabric:ComputeDomain", {"backend": "nvidia", "spec": {}})
+    assert rules.channel_shortfall([*stack, nvidias, nvidias]) is None  # NVIDIA's domains take no channel of ours
