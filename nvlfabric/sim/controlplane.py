@@ -291,6 +291,12 @@ class ControlPlane:
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
             f"--client-ca-file={pki_dir / 'ca.crt'}",
             f"--token-auth-file={pki_dir / 'tokens.csv'}",
+            # `kubectl logs`: the simulated kubelets serve their API on each node's InternalIP (its
+            # Hostname resolves nowhere), with certificates of the cluster CA, both ways.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki_dir / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki_dir / 'kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki_dir / 'ca.crt'}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki_dir / 'sa.pub'}",
@@ -360,6 +366,7 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
             f"--images={json.dumps(self.images)}", f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
+            f"--pki-dir={self.state_dir / 'pki'}",
         ])
         names = {n.name for n in nodes}
         last = [-1]

@@ -1,9 +1,12 @@
 """Certificates and credentials for the local control plane.
 
-One throwaway CA signs the API server's serving certificate; a separate RSA key signs service
-account tokens; the admin credential is a bearer token listed in the API server's token file
-(user `nvlfabric-admin`, group `system:masters`). Everything is regenerated on every `up`: the
-cluster is disposable, and fresh material means no stale trust between runs.
+One throwaway CA signs the API server's serving certificate, the client certificate it shows the
+kubelets (`kubelet-client.crt`, for `kubectl logs`), and each simulated node's kubelet serving
+certificate (`node_serving`, with the node's address, which the API server checks against the
+CA); a separate RSA key signs service account tokens; the admin credential is a bearer token
+listed in the API server's token file (user `nvlfabric-admin`, group `system:masters`).
+Everything is regenerated on every `up`: the cluster is disposable, and fresh material means no
+stale trust between runs.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def generate(pki_dir: Path) -> str:
     _write_private(pki_dir / "ca.key", _key_pem(ca_key))
     (pki_dir / "apiserver.crt").write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
     _write_private(pki_dir / "apiserver.key", _key_pem(srv_key))
+    client = _signed(ca_cert, ca_key, "kube-apiserver-kubelet-client", [], x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH,
+                     organization="system:masters")
+    (pki_dir / "kubelet-client.crt").write_bytes(client[0])
+    _write_private(pki_dir / "kubelet-client.key", client[1])
 
     # Service-account tokens are RS256-signed by default; the API server verifies with the key.
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -81,3 +88,37 @@ def generate(pki_dir: Path) -> str:
     token = secrets.token_hex(24)
     _write_private(pki_dir / "tokens.csv", f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'.encode())
     return token
+
+
+def _signed(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str,
+            sans: list[x509.GeneralName], usage: x509.ObjectIdentifier, *,
+            organization: str | None = None) -> tuple[bytes, bytes]:
+    """A leaf certificate and its key (PEM), signed by the CA, valid as long as the CA is."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        subject.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    builder = (
+        x509.CertificateBuilder().subject_name(x509.Name(subject)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(ca_cert.not_valid_before_utc).not_valid_after(ca_cert.not_valid_after_utc)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def node_serving(pki_dir: Path, node: str, address: str, out_dir: Path) -> tuple[Path, Path]:
+    """Write a node's kubelet serving certificate and key into `out_dir` (as a kubelet's own,
+    `system:node:<name>`, for its name and address), signed by the cluster's CA; their paths."""
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    cert, key = _signed(ca_cert, ca_key, f"system:node:{node}",
+                        [x509.DNSName(node), x509.IPAddress(ipaddress.ip_address(address))],
+                        x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, organization="system:nodes")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "kubelet.crt").write_bytes(cert)
+    _write_private(out_dir / "kubelet.key", key)
+    return out_dir / "kubelet.crt", out_dir / "kubelet.key"

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
     ap.add_argument("--images", default="{}", help='JSON: image (no tag) → command list run as a local process')
     ap.add_argument("--ca-file", type=Path, default=None)
+    ap.add_argument("--pki-dir", type=Path, default=None,
+                    help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -60,7 +62,7 @@ async def run(args: argparse.Namespace) -> None:
     kubelet = SimKubelet(
         client, nodes,
         KubeletConfig(images={k: list(v) for k, v in json.loads(args.images).items()}, api_server=server,
-                      ca_file=args.ca_file,
+                      ca_file=args.ca_file, pki_dir=args.pki_dir,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
         token_requester=token_for)
     await kubelet.start()

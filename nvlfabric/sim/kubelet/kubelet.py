@@ -15,7 +15,10 @@ Per node it does what a kubelet does that matters to DRA and to nvlfabric:
   command (the node agent) as processes, and reports the pod Running; Job pods annotated with a
   run time become Succeeded after it;
 - for each pod being deleted: stops its process, calls NodeUnprepareResources, then deletes the
-  pod with grace period 0 (pods stay Terminating until unprepare succeeds, as with a real kubelet).
+  pod with grace period 0 (pods stay Terminating until unprepare succeeds, as with a real kubelet);
+- serves the kubelet API's container logs on the node's address (logs.py), so `kubectl logs` works:
+  a local process's output, or for a container that runs nothing one line saying so and where
+  its record is.
 
 Pods are watched cluster-wide through one watch and dispatched to their node locally, so a
 process hosting 144 nodes holds one watch, not 144.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import time
@@ -49,7 +53,8 @@ from lightkube.types import PatchType
 from nvlfabric.api import errors, names
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
-from nvlfabric.sim.kubelet import cdi
+from nvlfabric.sim import pki
+from nvlfabric.sim.kubelet import cdi, logs
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
@@ -97,6 +102,11 @@ class NodeState:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
 
 
+def record_path(node: SimNode, namespace: str, pod: str, container: str) -> Path:
+    """Where a started container's record is (what it was given: CDI edits, env, command)."""
+    return node.containers_dir / f"{namespace}_{pod}_{container}.json"
+
+
 def reserved_for(claim: ResourceClaim, pod: Pod) -> bool:
     """Whether `claim` is reserved for `pod`: the pod itself is a consumer, or its PodGroup is,
     named as the pod's `spec.schedulingGroup` names it (pods do not know their group's uid), as a
@@ -131,6 +141,9 @@ class KubeletConfig:
     ca_file: Path | None = None
     hardware_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node name → environment giving a local process that node's hardware identity (NVML)."""
+    pki_dir: Path | None = None
+    """The cluster's CA (ca.crt, ca.key): each node's kubelet API is served with a certificate it
+    signs, for `kubectl logs`. None: no kubelet API."""
 
 
 class SimKubelet:
@@ -146,12 +159,16 @@ class SimKubelet:
         # (a deletion arriving mid-sync must not be lost: the pod would stay Terminating).
         self._changed_during_sync: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._servers: list[asyncio.Server] = []
         self._stopping = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         await asyncio.gather(*(self._register_node(s) for s in self.nodes.values()))
+        if self.config.pki_dir is not None:
+            for state in self.nodes.values():
+                await self._serve_api(state, self.config.pki_dir)
         self._tasks = [asyncio.create_task(self._supervise(loop)) for loop in
                        (self._lease_loop, self._status_loop, self._plugin_loop, self._pod_watch)]
 
@@ -168,6 +185,8 @@ class SimKubelet:
 
     async def stop(self) -> None:
         self._stopping.set()
+        for server in self._servers:
+            server.close()
         watches = [t for state in self.nodes.values() for t in state.health_watches.values()]
         for t in [*self._tasks, *self._pod_tasks.values(), *watches]:
             t.cancel()
@@ -179,6 +198,35 @@ class SimKubelet:
         for state in self.nodes.values():
             for plugin in state.plugins.values():
                 await plugin.close()
+
+    # -- the kubelet API (kubectl logs) -------------------------------------------------------------
+
+    async def _serve_api(self, state: NodeState, pki_dir: Path) -> None:
+        n = state.node
+        cert, key = pki.node_serving(pki_dir, n.name, n.address, n.dir / "pki")
+        ctx = logs.server_context(cert, key, pki_dir / "ca.crt")
+        try:
+            self._servers.append(await logs.serve(n.address, ctx, functools.partial(self._locate_log, state)))
+        except OSError as exc:  # another simulator on these addresses: the node works, logs do not
+            log.warning("node %s: cannot serve the kubelet API on %s:%d (%s): `kubectl logs` will not reach it",
+                        n.name, n.address, logs.KUBELET_PORT, exc)
+
+    def _locate_log(self, state: NodeState, namespace: str, pod: str, container: str,
+                    previous: bool) -> logs.LogSource:
+        uid = next((u for u, ref in state.pod_names.items() if ref == (namespace, pod)), None)
+        if uid is None:
+            raise logs.LogError(404, f'pod "{pod}" in namespace "{namespace}" is not running on node {state.node.name}')
+        if not record_path(state.node, namespace, pod, container).exists():
+            raise logs.LogError(400, f'container "{container}" in pod "{pod}" is not valid')
+        path = state.node.pod_dir(uid) / f"{container}.log"
+        proc = state.processes.get(uid)
+        proc = proc if proc is not None and proc.container.name == container else None
+        if previous:
+            if proc is None or proc.log_offset == 0:
+                raise logs.LogError(400, f'previous terminated container "{container}" in pod "{pod}" not found')
+            return logs.LogSource(path, 0, proc.log_offset)
+        return logs.LogSource(path, proc.log_offset if proc is not None else 0, None,
+                              alive=lambda: uid in state.pod_names)
 
     # -- node registration and heartbeats --------------------------------------------------------
 
@@ -531,11 +579,21 @@ class SimKubelet:
                                        **container_config(pod, state.node, container)}
         state.node.containers_dir.mkdir(parents=True, exist_ok=True)
         for cname, record in records.items():
-            path = state.node.containers_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{cname}.json"
+            path = record_path(state.node, pod.metadata.namespace or "default", pod.metadata.name or "", cname)
             record |= {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "pod_uid": uid,
                        "container": cname, "node": state.node.name}
             path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         await self._maybe_run_process(state, pod)
+        for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
+            out = state.node.pod_dir(uid) / f"{container.name}.log"
+            if not out.exists():  # runs nothing here: its log says so, and where its record is
+                out.parent.mkdir(parents=True, exist_ok=True)
+                recorded = record_path(state.node, pod.metadata.namespace or "default", pod.metadata.name or "",
+                                       container.name)
+                out.write_text(f"nvlfabric-sim: container {container.name} (image {container.image}) is simulated on "
+                               f"node {state.node.name}: its image maps to no local program (nvlfabric-sim up "
+                               f"--images), so nothing runs; what it was given (env, command, CDI devices) is in "
+                               f"{recorded}\n")
         state.pod_names[uid] = (pod.metadata.namespace or "default", pod.metadata.name or "")
         await self._report_running(state, pod)
         state.started.add(uid)

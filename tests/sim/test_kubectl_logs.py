@@ -1,0 +1,144 @@
+"""`kubectl logs` against simulated pods, asked as kubectl asks (the pod's log subresource): the API
+server reaches the simulated kubelet's API on the node's address, each side checking the other's
+certificate against the cluster CA.
+
+Before, `kubectl logs` of any simulated pod failed (`dial tcp: lookup rack-1-node-02 ... no such
+host`). The pure part (which bytes a query selects) is a property test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from lightkube import ApiError
+from lightkube.models.core_v1 import Container, PodSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node, Pod
+
+from nvlfabric.sim.cluster import eventually
+from nvlfabric.sim.kubelet.logs import select
+from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
+from tests.conftest import Cluster
+
+RACK = 207  # a rack number of its own
+PRINTER = ("import sys, time\nfor i in range(1, 4): print(f'line {i}', flush=True)\ntime.sleep(1.5)\n"
+           "print('line 4', flush=True)\ntime.sleep(3600)\n")
+
+
+# -- which bytes a query selects (pure) ---------------------------------------------------------------
+
+
+@given(st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"") + b"\n"), max_size=12),
+       st.one_of(st.none(), st.integers(-2, 15)), st.one_of(st.none(), st.integers(0, 200)))
+def test_select_takes_the_last_lines_then_at_most_the_bytes(lines: list[bytes], tail: int | None,
+                                                            limit: int | None) -> None:
+    data = b"".join(lines)
+    out = select(data, tail_lines=tail, limit_bytes=limit)
+    wanted = lines if tail is None else (lines[-tail:] if tail > 0 else [])
+    assert out == b"".join(wanted)[:limit] if limit is not None else out == b"".join(wanted)
+    assert data.endswith(select(data, tail_lines=tail))  # a tail is the log's end
+
+
+def test_select_counts_an_unterminated_last_line() -> None:
+    assert select(b"a\nb\npartial", tail_lines=1) == b"partial"
+    assert select(b"a\nb\n", tail_lines=1) == b"b\n"
+
+
+# -- through the API server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[SimNode]:
+    state = Path(tempfile.mkdtemp(prefix="nvll-", dir="/tmp"))
+    (n,) = rack_nodes(state, racks=1, nodes_per_rack=1, first_rack=RACK)
+    log = (state / "kubelet.log").open("w")
+    images = json.dumps({"registry.invalid/printer": [sys.executable, "-c", PRINTER]})
+    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state),
+                             "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1",
+                             "--first-rack", str(RACK), "--images", images,
+                             "--pki-dir", str(cluster.controlplane.state_dir / "pki")],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
+    yield n
+    client = cluster.client
+    for pod in client.list(Pod, namespace="default", fields={"spec.nodeName": n.name}):
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
+    proc.terminate()
+    proc.wait(timeout=20)
+    proc.stdout.close()
+    log.close()
+    print((state / "kubelet.log").read_text()[-3000:])
+    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(runtime_root(state), ignore_errors=True)
+    for kind, ns in ((Node, None), (Lease, "kube-node-lease")):
+        with contextlib.suppress(ApiError):
+            client.delete(kind, n.name, namespace=ns) if ns else client.delete(kind, n.name)
+
+
+@pytest.mark.cluster
+def test_kubectl_logs_shows_a_pods_output_its_tail_and_follows_it(cluster: Cluster, node: SimNode) -> None:
+    client = cluster.client
+    pod = f"logs-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        containers=[Container(name="main", image="registry.invalid/printer:1"),
+                    Container(name="sidecar", image="registry.invalid/log:1")])))
+    eventually("the pod to run", lambda: (p := client.get(Pod, pod, namespace="default")).status is not None
+               and p.status.phase == "Running", timeout=30)
+    eventually("the first three lines", lambda: "".join(client.log(pod, namespace="default", container="main"))
+               .startswith("line 1\nline 2\nline 3\n"), timeout=10)
+
+    # As `kubectl logs` asks the API server (GET pods/<pod>/log), with its options.
+    def logs(**kw: Any) -> str:
+        return "".join(client.log(pod, namespace="default", **kw))
+
+    def raw(container: str, **params: str) -> tuple[int, str]:
+        """The log subresource with the parameters lightkube's `log` does not take."""
+        config = yaml.safe_load(cluster.kubeconfig.read_text())
+        ctx = ssl.create_default_context(cafile=str(cluster.controlplane.state_dir / "pki" / "ca.crt"))
+        query = urllib.parse.urlencode({"container": container, **params})
+        req = urllib.request.Request(f"{config['clusters'][0]['cluster']['server']}/api/v1/namespaces/default/"
+                                     f"pods/{pod}/log?{query}")
+        req.add_header("Authorization", f"Bearer {config['users'][0]['user']['token']}")
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert logs(container="main", tail_lines=1) in ("line 3\n", "line 4\n")
+    followed = client.log(pod, namespace="default", container="main", follow=True)
+    assert [next(followed) for _ in range(4)] == ["line 1\n", "line 2\n", "line 3\n", "line 4\n"]
+
+    # A container that runs nothing says so, and where its record is.
+    side = logs(container="sidecar")
+    assert f"container sidecar (image registry.invalid/log:1) is simulated on node {node.name}" in side, side
+    assert f"default_{pod}_sidecar.json" in side
+    # A previous instance there was not, or a container the pod does not have: the error says which.
+    assert raw("main", limitBytes="4") == (200, "line")
+    code, body = raw("main", previous="true")
+    assert code == 400 and "previous terminated container" in body, (code, body)
+    with pytest.raises(ApiError) as wrong:
+        logs(container="nope")
+    assert "nope" in str(wrong.value.status.message)
+    client.delete(Pod, pod, namespace="default")
