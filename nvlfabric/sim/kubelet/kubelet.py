@@ -18,7 +18,10 @@ Per node it does what a kubelet does that matters to DRA and to nvlfabric:
   pod with grace period 0 (pods stay Terminating until unprepare succeeds, as with a real kubelet);
 - serves the kubelet API's container logs on the node's address (logs.py), so `kubectl logs` works:
   a local process's output, or for a container that runs nothing one line saying so and where
-  its record is.
+  its record is;
+- runs the startup, readiness and liveness probes of the containers it runs as processes
+  (probes.py): a container with a readiness probe is ready, and its pod Ready, only once it
+  passes; a failed liveness (or startup) probe kills the container, which is restarted.
 
 Pods are watched cluster-wide through one watch and dispatched to their node locally, so a
 process hosting 144 nodes holds one watch, not 144.
@@ -54,7 +57,7 @@ from nvlfabric.api import errors, names
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import pki
-from nvlfabric.sim.kubelet import cdi, logs
+from nvlfabric.sim.kubelet import cdi, logs, probes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
@@ -97,9 +100,30 @@ class NodeState:
     devices: dict[str, dict[str, dict[str, list[PreparedDevice]]]] = field(default_factory=dict)
     """pod uid → ResourceClaim name → driver → its prepared devices (the kubelet's claim info cache)."""
     pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod uid → (namespace, name)
+    ready: dict[tuple[str, str], bool] = field(default_factory=dict)
+    """(pod uid, container) → its readiness, for the containers whose probes say it (others: ready)."""
+    probers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # pod uid → its container's probes
 
     def plugin_for(self, driver: str) -> Plugin | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
+
+
+def _readiness_conditions(ready: list[bool], before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A running pod's conditions: started and initialized; ContainersReady and Ready as its
+    containers are (keeping each condition's transition time while its status stays)."""
+    t = rfc3339()
+    old = {c.get("type"): c for c in before}
+    out = []
+    for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"):
+        status = "True" if kind in ("PodReadyToStartContainers", "Initialized") or all(ready) else "False"
+        prev = old.get(kind) or {}
+        cond: dict[str, Any] = {"type": kind, "status": status,
+                                "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status
+                                else t}
+        if status == "False":
+            cond["reason"] = "ContainersNotReady"
+        out.append(cond)
+    return out
 
 
 def record_path(node: SimNode, namespace: str, pod: str, container: str) -> Path:
@@ -187,7 +211,8 @@ class SimKubelet:
         self._stopping.set()
         for server in self._servers:
             server.close()
-        watches = [t for state in self.nodes.values() for t in state.health_watches.values()]
+        watches = [t for state in self.nodes.values() for t in [*state.health_watches.values(),
+                                                                 *state.probers.values()]]
         for t in [*self._tasks, *self._pod_tasks.values(), *watches]:
             t.cancel()
         for t in [*self._tasks, *self._pod_tasks.values(), *watches]:
@@ -334,6 +359,7 @@ class SimKubelet:
             message = proc.termination_message(code)
             new = proc.restart()
             state.processes[uid] = new
+            self._start_prober(state, uid)
             await self._report_running(state, pod, restarts=new.restarts, last_exit=code,
                                        last_message=(proc.container.name, message) if message else None)
 
@@ -396,9 +422,33 @@ class SimKubelet:
         await asyncio.gather(*(self._write_health(state, uid) for uid in pods), return_exceptions=True)
 
     async def _write_health(self, state: NodeState, uid: str) -> None:
-        """Re-write one running pod's allocatedResourcesStatus. The pod's containerStatuses are one
-        list (no merge key): written whole, guarded by the resourceVersion read, read again on a
-        conflict, so a concurrent status write (a restart count) is never lost."""
+        """Re-write one running pod's allocatedResourcesStatus."""
+        def edit(pod: Pod, statuses: list[dict[str, Any]]) -> dict[str, Any]:
+            health = allocated_resources_status(pod, state.devices.get(uid, {}), state.health, time.monotonic())
+            for d in statuses:
+                d.pop("allocatedResourcesStatus", None)
+                if d["name"] in health:
+                    d["allocatedResourcesStatus"] = health[d["name"]]
+            return {"containerStatuses": statuses}
+
+        await self._rewrite_status(state, uid, edit)
+
+    async def _write_ready(self, state: NodeState, uid: str) -> None:
+        """Re-write one running pod's readiness: its containers' `ready`, its Ready condition."""
+        def edit(pod: Pod, statuses: list[dict[str, Any]]) -> dict[str, Any]:
+            for d in statuses:
+                d["ready"] = state.ready.get((uid, d["name"]), True)
+            return {"containerStatuses": statuses, "conditions": _readiness_conditions(
+                [d["ready"] for d in statuses], [c.to_dict() for c in (pod.status.conditions or [])]
+                if pod.status else [])}
+
+        await self._rewrite_status(state, uid, edit)
+
+    async def _rewrite_status(self, state: NodeState, uid: str,
+                              edit: Callable[[Pod, list[dict[str, Any]]], dict[str, Any]]) -> None:
+        """Re-write part of one running pod's status. The pod's containerStatuses (and conditions)
+        are one list each (no merge key): written whole, guarded by the resourceVersion read, read
+        again on a conflict, so a concurrent status write (a restart count) is never lost."""
         namespace, name = state.pod_names.get(uid, ("", ""))
         for _ in range(3):
             try:
@@ -408,20 +458,89 @@ class SimKubelet:
                 return
             if pod.metadata is None or pod.metadata.uid != uid or pod.status is None or pod.status.phase != "Running":
                 return
-            health = allocated_resources_status(pod, state.devices.get(uid, {}), state.health, time.monotonic())
-            statuses = []
-            for cs in pod.status.containerStatuses or []:
-                d = cs.to_dict()
-                d.pop("allocatedResourcesStatus", None)
-                statuses.append(d | ({"allocatedResourcesStatus": health[cs.name]} if cs.name in health else {}))
+            status = edit(pod, [cs.to_dict() for cs in pod.status.containerStatuses or []])
             try:
                 with api_call(f"write the status of pod {namespace}/{name}"):
                     await self.client.patch(Pod.Status, name, {
                         "metadata": {"resourceVersion": pod.metadata.resourceVersion},
-                        "status": {"containerStatuses": statuses}}, namespace=namespace, patch_type=PatchType.MERGE)
+                        "status": status}, namespace=namespace, patch_type=PatchType.MERGE)
                 return
             except errors.Conflict:
                 continue
+
+    # -- probes ----------------------------------------------------------------------------------
+
+    def _start_prober(self, state: NodeState, uid: str) -> None:
+        """Probe the pod's process container, anew for each instance (a restart starts over)."""
+        old = state.probers.pop(uid, None)
+        if old is not None:
+            old.cancel()
+        proc = state.processes.get(uid)
+        if proc is None or not (found := probes.probes_of(proc.container)):
+            return
+        if "readiness" in found or "startup" in found:
+            state.ready[(uid, proc.container.name)] = False
+        state.probers[uid] = asyncio.create_task(self._probe(state, uid, proc, found))
+
+    async def _probe(self, state: NodeState, uid: str, proc: PodProcess, found: dict[str, probes.Probe]) -> None:
+        ports = {p.name: p.containerPort for p in proc.container.ports or [] if p.name}
+
+        async def once(probe: probes.Probe) -> bool:
+            ok, seen = await probes.check(probe, host=state.node.address, ports=ports, env=proc.env, cwd=proc.cwd)
+            if not ok:
+                await self._pod_event(proc, "Unhealthy", f"{probe.title} probe failed: {seen}", warning=True)
+            return ok
+
+        async def kill(probe: probes.Probe) -> None:
+            await self._pod_event(proc, "Killing", f"Container {proc.container.name} failed {probe.kind} probe, "
+                                                   "will be restarted", warning=False)
+            with contextlib.suppress(ProcessLookupError):
+                proc.proc.kill()  # _restart_exited restarts it, counting the restart
+
+        async def loop(probe: probes.Probe, counter: probes.Counter, changed: Callable[[bool], Any]) -> None:
+            await asyncio.sleep(probe.initial_delay_s)
+            while proc.proc.poll() is None:
+                verdict = counter.observe(await once(probe), probe)
+                if verdict is not None:
+                    await changed(verdict)
+                await asyncio.sleep(probe.period_s)
+
+        async def readiness_changed(ready: bool) -> None:
+            state.ready[(uid, proc.container.name)] = ready
+            await self._write_ready(state, uid)
+
+        async def liveness_changed(alive: bool) -> None:
+            if not alive:
+                await kill(found["liveness"])
+
+        try:
+            if (startup := found.get("startup")) is not None:
+                started = probes.Counter(passing=False)
+                counted = probes.Counter(passing=True)  # its failures count towards the kill
+                await asyncio.sleep(startup.initial_delay_s)
+                while proc.proc.poll() is None:
+                    ok = await once(startup)
+                    if started.observe(ok, startup):
+                        break
+                    if counted.observe(ok, startup) is False:
+                        await kill(startup)
+                        return
+                    await asyncio.sleep(startup.period_s)
+                if "readiness" not in found:
+                    await readiness_changed(True)
+            loops = []
+            if (readiness := found.get("readiness")) is not None:
+                loops.append(loop(readiness, probes.Counter(passing=False), readiness_changed))
+            if (liveness := found.get("liveness")) is not None:
+                loops.append(loop(liveness, probes.Counter(passing=True), liveness_changed))
+            await asyncio.gather(*loops)
+        except Exception:  # a bug of ours must not take the kubelet down: say it
+            log.exception("probing container %s of pod %s failed", proc.container.name, proc.pod_name)
+
+    async def _pod_event(self, proc: PodProcess, reason: str, message: str, *, warning: bool) -> None:
+        with contextlib.suppress(ApiError, errors.NvlfabricError):
+            pod = await self.client.get(Pod, proc.pod_name, namespace=proc.namespace)
+            await self._event(pod, reason, message, warning=warning)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -614,14 +733,17 @@ class SimKubelet:
                     node=state.node, pod=pod, container=container, command=self.config.images[image],
                     api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
                     extra_env=self.config.hardware_env.get(state.node.name, {}))
+                self._start_prober(state, uid)
                 return
 
     async def _report_running(self, state: NodeState, pod: Pod, *, restarts: int = 0,
                               last_exit: int | None = None, last_message: tuple[str, str] | None = None) -> None:
         assert pod.metadata is not None and pod.spec is not None
         t = rfc3339()
+        uid = pod.metadata.uid or ""
         containers: list[dict[str, Any]] = [
-            {"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": restarts,
+            {"name": c.name, "image": c.image or "", "imageID": "", "ready": state.ready.get((uid, c.name), True),
+             "restartCount": restarts,
              "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
              "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
         health = allocated_resources_status(pod, state.devices.get(pod.metadata.uid or "", {}), state.health,
@@ -639,8 +761,7 @@ class SimKubelet:
             "phase": "Running", "startTime": t, "hostIP": state.node.address,
             "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,
             "podIPs": [{"ip": state.node.address}],
-            "conditions": [{"type": c, "status": "True", "lastTransitionTime": t}
-                           for c in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")],
+            "conditions": _readiness_conditions([c["ready"] for c in containers], []),
             "containerStatuses": containers,
         }}
         await self.client.patch(Pod.Status, pod.metadata.name or "", status, namespace=pod.metadata.namespace)
@@ -667,8 +788,11 @@ class SimKubelet:
         assert pod.metadata is not None
         uid = pod.metadata.uid or ""
         proc = state.processes.pop(uid, None)
+        if (prober := state.probers.pop(uid, None)) is not None:
+            prober.cancel()
         if proc is not None:
             proc.stop()
+            state.ready.pop((uid, proc.container.name), None)
         prepared = state.prepared.get(uid)
         if prepared is None and pod.spec and pod.spec.resourceClaims:
             # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the

@@ -1,4 +1,6 @@
-"""`kubectl logs` against simulated pods, asked as kubectl asks (the pod's log subresource): the API
+"""What a node's kubelet does beyond DRA, on a simulated node: container logs and probes.
+
+`kubectl logs` against simulated pods, asked as kubectl asks (the pod's log subresource): the API
 server reaches the simulated kubelet's API on the node's address, each side checking the other's
 certificate against the cluster CA.
 
@@ -15,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,12 +31,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube import ApiError
-from lightkube.models.core_v1 import Container, PodSpec
+from lightkube.models.core_v1 import Container, ExecAction, PodSpec, TCPSocketAction
+from lightkube.models.core_v1 import Probe as ProbeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from nvlfabric.sim.cluster import eventually
+from nvlfabric.sim.kubelet import probes
 from nvlfabric.sim.kubelet.logs import select
 from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
@@ -141,4 +146,81 @@ def test_kubectl_logs_shows_a_pods_output_its_tail_and_follows_it(cluster: Clust
     with pytest.raises(ApiError) as wrong:
         logs(container="nope")
     assert "nope" in str(wrong.value.status.message)
+    client.delete(Pod, pod, namespace="default")
+
+
+# -- probes ---------------------------------------------------------------------------------------
+
+
+def test_a_counter_turns_after_its_thresholds() -> None:
+    probe = probes.Probe("readiness", ProbeSpec(successThreshold=2, failureThreshold=3))
+    c = probes.Counter(passing=False)
+    assert [c.observe(ok, probe) for ok in (True, False, True, True, True)] == [None, None, None, True, None]
+    assert [c.observe(ok, probe) for ok in (False, False, True, False, False, False)] == \
+        [None, None, None, None, None, False]
+
+
+def _pod(client: Any, node: SimNode, **container: Any) -> str:
+    name = f"probe-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        containers=[Container(name="main", image="registry.invalid/printer:1", **container)])))
+    return name
+
+
+def _status(client: Any, pod: str) -> Any:
+    return client.get(Pod, pod, namespace="default").status
+
+
+def _events(client: Any, pod: str) -> list[tuple[str, str]]:
+    return [(e.reason, e.message) for e in client.list(Event, namespace="default",
+                                                       fields={"involvedObject.name": pod})]
+
+
+@pytest.mark.cluster
+def test_a_pod_is_ready_only_once_its_readiness_probe_passes(cluster: Cluster, node: SimNode) -> None:
+    client = cluster.client
+    pod = _pod(client, node, readinessProbe=ProbeSpec(
+        exec=ExecAction(command=["sh", "-c", "test -f ready"]), periodSeconds=1, failureThreshold=1))
+    eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
+    eventually("a failed readiness probe", lambda: any(r == "Unhealthy" and m.startswith("Readiness probe failed")
+                                                        for r, m in _events(client, pod)), timeout=15)
+    status = _status(client, pod)
+    assert not status.containerStatuses[0].ready
+    assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
+    uid = client.get(Pod, pod, namespace="default").metadata.uid
+    (node.pod_dir(uid) / "ready").touch()  # the probe runs in the container's working directory
+    eventually("the pod to be Ready", lambda: {c.type: c.status for c in _status(client, pod).conditions}.get(
+        "Ready") == "True", timeout=15)
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_failing_liveness_probe_restarts_the_container(cluster: Cluster, node: SimNode) -> None:
+    client = cluster.client
+    pod = _pod(client, node, livenessProbe=ProbeSpec(tcpSocket=TCPSocketAction(port=1), periodSeconds=1,
+                                                       failureThreshold=2))
+    eventually("the container to be restarted", lambda: (s := _status(client, pod)) is not None
+               and s.containerStatuses and s.containerStatuses[0].restartCount >= 1, timeout=40)
+    events = _events(client, pod)
+    assert ("Killing", "Container main failed liveness probe, will be restarted") in events, events
+    assert any(r == "Unhealthy" and m.startswith("Liveness probe failed") for r, m in events), events
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_startup_probe_holds_readiness_and_liveness_back(cluster: Cluster, node: SimNode) -> None:
+    client = cluster.client
+    # Liveness would fail at once (nothing listens on port 1); it never runs while startup waits.
+    pod = _pod(client, node, startupProbe=ProbeSpec(exec=ExecAction(command=["sh", "-c", "test -f started"]),
+                                                     periodSeconds=1, failureThreshold=60),
+               livenessProbe=ProbeSpec(tcpSocket=TCPSocketAction(port=1), periodSeconds=1, failureThreshold=1))
+    eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
+    time.sleep(3)
+    status = _status(client, pod)
+    assert status.containerStatuses[0].restartCount == 0 and not status.containerStatuses[0].ready
+    uid = client.get(Pod, pod, namespace="default").metadata.uid
+    (node.pod_dir(uid) / "started").touch()
+    eventually("the liveness probe, now running, to restart it", lambda: _status(client, pod).containerStatuses[0]
+               .restartCount >= 1, timeout=30)
     client.delete(Pod, pod, namespace="default")
