@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from nvlfabric.sim import images
 from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError, Ports
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.faults import FAULTS, find_node, inject
@@ -43,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--first-rack", type=int, default=0,
                     help="number of the first rack: names and 127.10.<rack>.x addresses start there, so two "
                          "simulators on one machine do not collide")
+    up.add_argument("--images", type=Path, default=None, metavar="FILE",
+                    help="YAML mapping container images (no tag) to local programs the simulated nodes run: "
+                         "{images: {<image>: [entrypoint...] | {entrypoint: [...], cmd: [...]}}}; a container's "
+                         "command and args apply as Kubernetes applies them (see nvlfabric/sim/images.py)")
     up.add_argument("--workload-scheduling", action="store_true",
                     help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
                          "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)  # validates
             cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
             cp.workload_scheduling = args.workload_scheduling
+            if args.images is not None:
+                cp.images = images.load(args.images)
             if not cp.up():
                 print(f"nvlfabric-sim is already running at {cp.server} (state in {state_dir}); nothing changed")
             return 0

@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel
 
 from nvlfabric.sim import hardware, pki, processes
+from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.nodes import NODES_PER_RACK, SimNode, rack_nodes, runtime_root
 from nvlfabric.sim.paths import Tools, load_tools
 from nvlfabric.sim.processes import ProcessRecord
@@ -100,11 +101,6 @@ class ControlPlaneError(RuntimeError):
     """Something the user must act on; the message says what and how."""
 
 
-def default_images() -> dict[str, list[str]]:
-    """Container images the simulated kubelets run as local processes (image without tag → argv)."""
-    return {"nvlfabric/node-agent": [sys.executable, "-m", "nvlfabric"]}
-
-
 @dataclass
 class ControlPlane:
     state_dir: Path
@@ -115,7 +111,8 @@ class ControlPlane:
     first_rack: int = 0
     """Number of the first rack. Node names and loopback addresses (127.10.<rack>.<n>) derive from
     it, so two simulators on one machine (a demo and the test suite) need different ranges."""
-    images: dict[str, list[str]] = field(default_factory=default_images)
+    images: dict[str, ImageProgram] = field(default_factory=default_images)
+    """Container images the simulated kubelets run as local processes (nvlfabric/sim/images.py)."""
     scheduler_config: dict[str, Any] = field(default_factory=dict)
     """KubeSchedulerConfiguration (v1) fields to set, e.g. `{"podMaxBackoffSeconds": 1,
     "clientConnection": {"qps": 500}}`; the scheduler then runs from a generated config file.
@@ -365,7 +362,8 @@ class ControlPlane:
             sys.executable, "-m", "nvlfabric.sim.kubelet", f"--state-dir={self.state_dir}",
             f"--kubeconfig={self.kubeconfig}",
             f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
-            f"--images={json.dumps(self.images)}", f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
+            f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
+            f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
             f"--pki-dir={self.state_dir / 'pki'}",
         ])
         names = {n.name for n in nodes}

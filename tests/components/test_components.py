@@ -493,12 +493,12 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
     import sys as _sys
     from pathlib import Path as _Path
 
-    from nvlfabric.sim.controlplane import default_images
+    from nvlfabric.sim.images import default_images
 
     dockerfile = (_Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile").read_text()
     (entry,) = [line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")]
     argv = _json.loads(entry.removeprefix("ENTRYPOINT"))
-    assert default_images()["nvlfabric/node-agent"] == [_sys.executable, *argv[1:]]
+    assert default_images()["nvlfabric/node-agent"].entrypoint == [_sys.executable, *argv[1:]]
     assert argv[0] == "python"
 
 

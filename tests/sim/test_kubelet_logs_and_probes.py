@@ -31,7 +31,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube import ApiError
-from lightkube.models.core_v1 import Container, ExecAction, PodSpec, TCPSocketAction
+from lightkube.models.core_v1 import Container, EnvVar, ExecAction, PodSpec, TCPSocketAction
 from lightkube.models.core_v1 import Probe as ProbeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
@@ -223,4 +223,16 @@ def test_a_startup_probe_holds_readiness_and_liveness_back(cluster: Cluster, nod
     (node.pod_dir(uid) / "started").touch()
     eventually("the liveness probe, now running, to restart it", lambda: _status(client, pod).containerStatuses[0]
                .restartCount >= 1, timeout=30)
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_containers_command_replaces_its_images_entrypoint_with_variables_expanded(cluster: Cluster,
+                                                                                      node: SimNode) -> None:
+    client = cluster.client
+    pod = _pod(client, node, command=["sh", "-c"], args=["echo $(GREETING) from the command; sleep 3600"],
+               env=[EnvVar(name="GREETING", value="hello")])
+    eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
+    eventually("its output", lambda: "".join(client.log(pod, namespace="default", container="main")) ==
+               "hello from the command\n", timeout=30)
     client.delete(Pod, pod, namespace="default")

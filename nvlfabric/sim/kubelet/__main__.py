@@ -20,6 +20,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 
 from nvlfabric.sim import hardware
+from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.kubelet.kubelet import KubeletConfig, SimKubelet
 from nvlfabric.sim.nodes import rack_nodes
 
@@ -31,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--racks", type=int, default=1)
     ap.add_argument("--nodes-per-rack", type=int, default=18)
     ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
-    ap.add_argument("--images", default="{}", help='JSON: image (no tag) → command list run as a local process')
+    ap.add_argument("--images", default="{}", help='JSON: image (no tag) → its ENTRYPOINT (a list), or '
+                                                   '{"entrypoint": [...], "cmd": [...]}: run as a local process')
     ap.add_argument("--ca-file", type=Path, default=None)
     ap.add_argument("--pki-dir", type=Path, default=None,
                     help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
@@ -61,7 +63,8 @@ async def run(args: argparse.Namespace) -> None:
     nodes = rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
     kubelet = SimKubelet(
         client, nodes,
-        KubeletConfig(images={k: list(v) for k, v in json.loads(args.images).items()}, api_server=server,
+        KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)
+                              for k, v in json.loads(args.images).items()}, api_server=server,
                       ca_file=args.ca_file, pki_dir=args.pki_dir,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
         token_requester=token_for)

@@ -57,6 +57,7 @@ from nvlfabric.api import errors, names
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import pki
+from nvlfabric.sim.images import ImageProgram, image_name
 from nvlfabric.sim.kubelet import cdi, logs, probes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
@@ -158,8 +159,8 @@ class PodNotReady(Exception):
 class KubeletConfig:
     """How the simulated kubelets behave; the defaults are the real kubelet's where it has one."""
 
-    images: dict[str, list[str]] = field(default_factory=dict)
-    """Container image (without tag) → local command; pods with such an image run as processes."""
+    images: dict[str, ImageProgram] = field(default_factory=dict)
+    """Container image (without tag) → what it runs; pods with such an image run as processes."""
     api_server: str = ""
     """https://host:port of the API server, for KUBERNETES_SERVICE_HOST/PORT in local processes."""
     ca_file: Path | None = None
@@ -723,14 +724,14 @@ class SimKubelet:
         if uid in state.processes:
             return
         for container in pod.spec.containers:
-            image = (container.image or "").rsplit(":", 1)[0].split("@")[0]
+            image = image_name(container.image or "")
             if image in self.config.images:
                 token = None
                 if self.token_requester is not None and pod.spec.serviceAccountName:
                     token = await self.token_requester(pod.metadata.namespace or "default",
                                                        pod.spec.serviceAccountName, pod.metadata.name or "")
                 state.processes[uid] = start_pod_process(
-                    node=state.node, pod=pod, container=container, command=self.config.images[image],
+                    node=state.node, pod=pod, container=container, program=self.config.images[image],
                     api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
                     extra_env=self.config.hardware_env.get(state.node.name, {}))
                 self._start_prober(state, uid)

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from lightkube.models.core_v1 import Container, EnvVar
 from lightkube.resources.core_v1 import Pod
 
+from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nodes import SimNode
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -192,7 +193,7 @@ def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
     return value
 
 
-def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command: list[str], api_server: str,
+def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
                       ca_file: Path | None, token: str | None,
                       extra_env: dict[str, str] | None = None) -> PodProcess:
     assert pod.metadata is not None
@@ -211,7 +212,9 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, command:
     }
     for e in container.env or []:
         env[e.name] = translate(env_value(pod, node, e, env), mounts)
-    argv = [*command, *(translate(expand(a, env), mounts) for a in (container.args or []))]
+    # Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD; `$(VAR)` expanded.
+    argv = program.argv([translate(expand(c, env), mounts) for c in container.command or []],
+                        [translate(expand(a, env), mounts) for a in container.args or []])
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     pod_dir.mkdir(parents=True, exist_ok=True)
     return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",

@@ -1,0 +1,96 @@
+"""Which container images the simulated nodes run, and as what: `nvlfabric-sim up --images FILE`.
+
+A simulated node has no container runtime and pulls nothing: a container runs only if its image
+maps to a program on this machine; any other container is recorded and runs nothing (its log
+says so). The file maps image references, without tag or digest, to what the image would run:
+
+```yaml
+# images.yaml
+images:
+  registry.example.com/ml/train:          # the image's ENTRYPOINT, as a list
+    - /usr/bin/python3
+    - /srv/train/main.py
+  ghcr.io/example/exporter:               # or its ENTRYPOINT and CMD
+    entrypoint: [/usr/local/bin/exporter]
+    cmd: [--port=9100]
+```
+
+The container's own `command` and `args` apply as Kubernetes applies them to an image:
+`command` replaces the ENTRYPOINT (and drops CMD), `args` replaces CMD; both with `$(VAR)`
+expanded. nvlfabric's own image (`nvlfabric/node-agent`) is always mapped; the file may map it
+to something else.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Final
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
+
+AGENT_IMAGE: Final = "nvlfabric/node-agent"
+
+
+class ImageProgram(BaseModel):
+    """What an image runs: its ENTRYPOINT and CMD."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    entrypoint: list[str] = Field(min_length=1, description="the program and its first arguments")
+    cmd: list[str] = Field(default_factory=list, description="the default arguments (the image's CMD)")
+
+    def argv(self, command: list[str], args: list[str]) -> list[str]:
+        """The process a container of this image runs, from its (expanded) command and args."""
+        if command:
+            return [*command, *args]
+        return [*self.entrypoint, *(args or self.cmd)]
+
+
+class _Entry(RootModel[ImageProgram | list[str]]):
+    pass
+
+
+class ImagesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    images: dict[str, _Entry] = Field(default_factory=dict)
+
+    @field_validator("images")
+    @classmethod
+    def _references(cls, images: dict[str, _Entry]) -> dict[str, _Entry]:
+        for ref in images:
+            last = ref.rsplit("/", 1)[-1]
+            if ":" in last or "@" in ref:
+                raise ValueError(f"{ref!r}: give the image without tag or digest (every tag of it runs the same)")
+        return images
+
+
+def default_images() -> dict[str, ImageProgram]:
+    """The images every simulator runs: nvlfabric's own (the agent, the keeper, the controller)."""
+    return {AGENT_IMAGE: ImageProgram(entrypoint=[sys.executable, "-m", "nvlfabric"])}
+
+
+def load(path: Path) -> dict[str, ImageProgram]:
+    """The defaults with the file's images over them; a bad file is a ValueError naming the entry."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+        parsed = ImagesFile.model_validate(raw)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--images {path}: {exc}") from None
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--images {path}: {where} (see `nvlfabric-sim up --help` for the format)") from None
+    out = default_images()
+    for ref, entry in parsed.images.items():
+        value = entry.root
+        out[ref] = value if isinstance(value, ImageProgram) else ImageProgram(entrypoint=value)
+    return out
+
+
+def image_name(reference: str) -> str:
+    """An image reference without its tag or digest (`registry:5000/a/b:1.2@sha256:..` → `registry:5000/a/b`)."""
+    name = reference.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
