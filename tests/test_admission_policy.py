@@ -138,6 +138,22 @@ def granted(env: Env, what: str, *rules: PolicyRule) -> Iterator[None]:
         env.admin.delete(ClusterRole, name)
 
 
+def policy_in_effect(dry_run: Callable[[], Any]) -> str:
+    """Wait until a dry-run request the policy must refuse is refused by it (admitted, or refused by
+    RBAC, means: not in effect yet); the refusal's message."""
+    def refusal() -> str | None:
+        try:
+            dry_run()
+        except ApiError as exc:
+            message = exc.status.message or ""
+            if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
+                return message
+            if exc.status.code != 403:
+                raise
+        return None
+    return eventually("the admission policy to come into effect", refusal, timeout=POLICY_EFFECTIVE_S)
+
+
 def eventually_denied(action: Callable[[], Any]) -> str:
     """Like `denied`, while a fresh RBAC grant may still be on its way (RBAC refuses until then)."""
     def refusal() -> str | None:
@@ -465,6 +481,9 @@ def test_controller_writes_only_clique_pool_slices_of_our_driver(env: Env) -> No
                              lambda: _try(lambda: controller.create(channel_slice(name))), timeout=POLICY_EFFECTIVE_S)
         created.spec.pool.generation = 2  # a pool change bumps the generation on every slice
         controller.replace(created)
+        # The controller's policy comes into effect on its own schedule (the fixture waited for the
+        # agent's): probe it with a dry run, which admission judges too, before the real denials.
+        policy_in_effect(lambda: controller.create(channel_slice(f"{name}-p", node_name=env.node_a), dry_run=True))
         msg = denied(lambda: controller.create(channel_slice(f"{name}-n", node_name=env.node_a)))
         assert "may only write ResourceSlices that select their nodes with spec.nodeSelector" in msg
         assert f"uses spec.nodeName {env.node_a}" in msg

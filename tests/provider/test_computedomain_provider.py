@@ -518,8 +518,8 @@ def test_read_shows_drift_and_rebuilds_inputs(prov: ComputeDomainProvider, name:
     assert read.id == created.id
     assert read.outs["spec"]["numNodes"] == 5 and read.outs["labels"] == {"team": "ops", "extra": "x"}
     assert read.outs["force_delete"] is True  # settings are not in the cluster; they come from state
-    assert read.inputs == {k: read.outs[k] for k in ("name", "namespace", "spec", "labels", "await_for", "timeout_s",
-                                                     "adopt", "force_delete")}
+    assert read.inputs == {k: read.outs[k] for k in ("name", "namespace", "backend", "spec", "labels", "await_for",
+                                                     "timeout_s", "adopt", "force_delete")}
     diff = prov.diff(created.id, read.outs, news)  # the program still says 2 and team=ml: an update
     assert diff.changes is True and not diff.replaces
 
