@@ -352,12 +352,15 @@ class ControlPlane:
         nodes = self.nodes()
         self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
         built = hardware.build_standins()
-        hardware.write_topology(self.state_dir, nodes)
+        topo = hardware.write_topology(self.state_dir, nodes)
+        minors = {n.name: [g.minor for g in n.gpus] for n in topo.nodes}
         shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
         for node in nodes:
             shutil.rmtree(node.dir, ignore_errors=True)
             node.prepare_dirs()
-            hardware.install_driver_root(node, built)
+            hardware.install_driver_root(node, built, topo.driver_version)
+            for problem in hardware.install_host_files(node, minors[node.name], topo.driver_version):
+                self.progress(f"{node.name}: not made: {problem}")  # once per node: no CAP_MKNOD here
         self._launch(state, "sim-kubelet", [
             sys.executable, "-m", "nvlfabric.sim.kubelet", f"--state-dir={self.state_dir}",
             f"--kubeconfig={self.kubeconfig}",

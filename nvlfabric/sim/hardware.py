@@ -1,26 +1,40 @@
 """What each simulated node has instead of hardware: the NVML and IMEX stand-ins in its driver root.
 
 A real GB200 node carries the NVIDIA driver under its driver root (`/run/nvidia/driver` with the
-GPU operator): `usr/lib64/libnvidia-ml.so.1`, `usr/bin/nvidia-imex`, `usr/bin/nvidia-imex-ctl`. The
-simulator puts the stand-ins at the same places in each node's driver root, so the node agent finds
-them exactly as it would on a real node. Which node a process "is" comes from the environment the
-simulated kubelet gives the processes it runs on that node (see `node_env`), like a machine's
-identity comes from its hardware.
+GPU operator): `usr/lib64/libnvidia-ml.so.1`, `usr/bin/nvidia-imex`, `usr/bin/nvidia-imex-ctl`,
+`usr/bin/nvidia-smi`, `usr/lib64/libcuda.so.<driver version>` (and `libcuda.so.1`). The simulator
+puts the stand-ins at the same places in each node's driver root, so the node agent (and other GPU
+software) finds them exactly as it would on a real node. The node's host file system has what GPU
+components probe there too (`install_host_files`): the character devices `/dev/nvidia<minor>` of
+its GPUs (the minors NVML reports), `/dev/nvidiactl`, `/dev/nvidia-uvm`, the IMEX management
+capability `/dev/nvidia-caps/nvidia-cap<minor>` and its `/proc/driver/nvidia/capabilities/
+fabric-imex-mgmt`, and `/proc/driver/nvidia/version`, with the majors of the node's `/proc/devices`.
+Which node a process "is" comes from the environment the simulated kubelet gives the processes it
+runs on that node (see `node_env`), like a machine's identity comes from its hardware.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 from pathlib import Path
 
 from nvlfabric.sim import paths
-from nvlfabric.sim.nodes import SimNode
+from nvlfabric.sim.nodes import NVIDIA_CAPS_MAJOR, SimNode
 from nvlfabric.sim.nvml import faults, topology
 
 #: Stand-in → the files its Makefile builds; the C sources ship inside the package (package data).
-STANDINS = {"nvml": ["libnvidia-ml.so.1"], "imex": ["nvidia-imex", "nvidia-imex-ctl"]}
+STANDINS = {"nvml": ["libnvidia-ml.so.1"], "imex": ["nvidia-imex", "nvidia-imex-ctl"],
+             "gpu": ["nvidia-smi", "libcuda.so.1"]}
 SOURCES = Path(__file__).resolve().parent
-DRIVER_ROOT_PATHS = {"libnvidia-ml.so.1": "usr/lib64", "nvidia-imex": "usr/bin", "nvidia-imex-ctl": "usr/bin"}
+DRIVER_ROOT_PATHS = {"libnvidia-ml.so.1": "usr/lib64", "nvidia-imex": "usr/bin", "nvidia-imex-ctl": "usr/bin",
+                     "nvidia-smi": "usr/bin"}
+NVIDIA_FRONTEND_MAJOR = 195  # /dev/nvidia<minor> and /dev/nvidiactl (minor 255), as the driver numbers them
+NVIDIACTL_MINOR = 255
+NVIDIA_UVM_MAJOR = 509
+FABRIC_IMEX_MGMT_MINOR = 1
+"""The minor of the IMEX management capability's device under nvidia-caps (ours to choose)."""
 
 
 class StandinsMissing(RuntimeError):
@@ -65,13 +79,49 @@ def fault_path(state_dir: Path, node: str) -> Path:
     return faults.default_fault_path(topology_path(state_dir), node)
 
 
-def install_driver_root(node: SimNode, built: dict[str, Path]) -> None:
+def _link(target: Path, to: Path | str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    target.symlink_to(to)
+
+
+def install_driver_root(node: SimNode, built: dict[str, Path],
+                        driver_version: str = topology.DEFAULT_DRIVER_VERSION) -> None:
     for name, rel in DRIVER_ROOT_PATHS.items():
-        target = node.driver_root / rel / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink() or target.exists():
-            target.unlink()
-        target.symlink_to(built[name])
+        _link(node.driver_root / rel / name, built[name])
+    # libcuda is named after the driver version (what nvmlSystemGetDriverVersion says), libcuda.so.1 beside it.
+    lib64 = node.driver_root / "usr" / "lib64"
+    _link(lib64 / f"libcuda.so.{driver_version}", built["libcuda.so.1"])
+    _link(lib64 / "libcuda.so.1", f"libcuda.so.{driver_version}")
+
+
+def install_host_files(node: SimNode, gpu_minors: list[int], driver_version: str = topology.DEFAULT_DRIVER_VERSION,
+                       ) -> list[str]:
+    """The node's GPU device files and /proc/driver/nvidia; what could not be made (a character
+    device needs CAP_MKNOD), one line each."""
+    dev, proc = node.host_dir("/dev"), node.host_dir("/proc/driver/nvidia")
+    devices = [(f"nvidia{m}", NVIDIA_FRONTEND_MAJOR, m) for m in gpu_minors]
+    devices += [("nvidiactl", NVIDIA_FRONTEND_MAJOR, NVIDIACTL_MINOR), ("nvidia-uvm", NVIDIA_UVM_MAJOR, 0),
+                (f"nvidia-caps/nvidia-cap{FABRIC_IMEX_MGMT_MINOR}", NVIDIA_CAPS_MAJOR, FABRIC_IMEX_MGMT_MINOR)]
+    missing = []
+    for rel, major, minor in devices:
+        path = dev / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        except PermissionError as exc:
+            missing.append(f"/dev/{rel}: {exc.strerror}")
+    caps = proc / "capabilities"
+    caps.mkdir(parents=True, exist_ok=True)
+    (caps / "fabric-imex-mgmt").write_text(
+        f"DeviceFileMinor: {FABRIC_IMEX_MGMT_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    (proc / "version").write_text(
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {driver_version}  Release Build  (nvlfabric-sim)\n"
+        "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
+    return missing
 
 
 def node_env(state_dir: Path, node: SimNode) -> dict[str, str]:

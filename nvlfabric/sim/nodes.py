@@ -83,6 +83,10 @@ class SimNode(BaseModel):
     def pod_dir(self, uid: str) -> Path:
         return self.dir / "pods" / uid
 
+    def host_dir(self, path: str) -> Path:
+        """Where a host path that is not one of `host_paths` is on this node (private to it)."""
+        return self.dir / "host" / path.lstrip("/")
+
     def host_paths(self) -> dict[str, Path]:
         """Host path → this node's directory, for hostPath volumes of pods placed here."""
         return {

@@ -165,7 +165,7 @@ def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None
                           if path == hp or path.startswith(hp + "/")), None)
             if match is None:
                 # Any other host path is private to this node (never the real host's).
-                out[vol.name] = node.dir / "host" / path.lstrip("/")
+                out[vol.name] = node.host_dir(path)
             else:
                 out[vol.name] = host_paths[match] / path[len(match):].lstrip("/")
         elif vol.projected is not None or vol.emptyDir is not None or vol.configMap is not None:
