@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import Container, EnvVar, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import (
@@ -41,6 +41,8 @@ from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 RACK = 90  # a rack number of its own, so these nodes never collide with other tests'
+ECHO_IMAGE = "nvlfabric.test/echo-agent"
+ECHO = Path(__file__).with_name("echo_agent.py")
 
 
 
@@ -55,7 +57,9 @@ def sim_nodes(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     log = (state / "kubelet.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state),
                              "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2",
-                             "--first-rack", str(RACK)], stdout=subprocess.PIPE, stderr=log, text=True)
+                             "--first-rack", str(RACK),
+                             "--images", json.dumps({ECHO_IMAGE: [sys.executable, str(ECHO)]})],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "ready", (state / "kubelet.log").read_text()
@@ -265,5 +269,28 @@ def test_a_container_gets_its_downward_api_fields_and_expanded_references(cluste
                                       "ADDR": "job-2.svc:29500"}
     assert record["command"] == ["torchrun", "--node-rank=2"]
     assert record["args"] == ["--master-addr=job-2.svc:29500", "$(RANK)", "$(UNSET)"]
+    client.delete(Pod, name, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, name) == "Gone")
+
+
+def test_a_process_container_gets_its_claims_cdi_env_over_its_own(cluster: Cluster, sim_nodes: list[SimNode],
+                                                                  plugin: FakePlugin) -> None:
+    """The runtime applies the CDI edits of the container's devices to the process: their env wins
+    over the spec's (and `$(VAR)` in args knows only the spec's)."""
+    client = cluster.client
+    assert plugin.registered.wait(10), plugin.registration_error
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": sim_nodes[0].name},
+        resourceClaims=[PodResourceClaim(name="gpu", resourceClaimTemplateName=plugin.driver)],
+        containers=[Container(name="main", image=f"{ECHO_IMAGE}:1", args=["$(FAKE_CLAIM)"],
+                              env=[EnvVar(name="FAKE_CLAIM", value="from-the-spec")],
+                              resources=ResourceRequirements(claims=[ContainerClaim(name="gpu")]))])))
+    uid = eventually("the pod to run", lambda: (p := client.get(Pod, name, namespace="default")).status
+                     and p.status.phase == "Running" and p.metadata.uid)
+    report = eventually("the process's report", lambda: (f := sim_nodes[0].pod_dir(uid) / "report.json").exists()
+                        and json.loads(f.read_text()))
+    assert report["env"]["FAKE_CLAIM"].startswith(f"{name}-gpu-")  # the CDI edit's value
+    assert report["args"] == ["from-the-spec"]
     client.delete(Pod, name, namespace="default")
     eventually("the pod to be removed", lambda: phase(client, name) == "Gone")

@@ -703,7 +703,7 @@ class SimKubelet:
             record |= {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "pod_uid": uid,
                        "container": cname, "node": state.node.name}
             path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        await self._maybe_run_process(state, pod)
+        await self._maybe_run_process(state, pod, {c: r.get("env") or [] for c, r in records.items()})
         for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
             out = state.node.pod_dir(uid) / f"{container.name}.log"
             if not out.exists():  # runs nothing here: its log says so, and where its record is
@@ -718,7 +718,9 @@ class SimKubelet:
         await self._report_running(state, pod)
         state.started.add(uid)
 
-    async def _maybe_run_process(self, state: NodeState, pod: Pod) -> None:
+    async def _maybe_run_process(self, state: NodeState, pod: Pod, cdi_env: dict[str, list[str]]) -> None:
+        """Run the pod's container whose image maps to a local program, with the env edits of its
+        claims' CDI devices applied over its own (as a runtime applies them)."""
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
         if uid in state.processes:
@@ -733,7 +735,8 @@ class SimKubelet:
                 state.processes[uid] = start_pod_process(
                     node=state.node, pod=pod, container=container, program=self.config.images[image],
                     api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
-                    extra_env=self.config.hardware_env.get(state.node.name, {}))
+                    extra_env=self.config.hardware_env.get(state.node.name, {}),
+                    cdi_env=dict(e.split("=", 1) for e in cdi_env.get(container.name, []) if "=" in e))
                 self._start_prober(state, uid)
                 return
 

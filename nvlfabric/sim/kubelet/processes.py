@@ -195,7 +195,7 @@ def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
                       ca_file: Path | None, token: str | None,
-                      extra_env: dict[str, str] | None = None) -> PodProcess:
+                      extra_env: dict[str, str] | None = None, cdi_env: dict[str, str] | None = None) -> PodProcess:
     assert pod.metadata is not None
     dirs = volume_dirs(node, pod, token, ca_file)
     mounts = sorted(((m.mountPath, dirs[m.name]) for m in container.volumeMounts or [] if m.name in dirs),
@@ -215,6 +215,9 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     # Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD; `$(VAR)` expanded.
     argv = program.argv([translate(expand(c, env), mounts) for c in container.command or []],
                         [translate(expand(a, env), mounts) for a in container.args or []])
+    # The CDI env edits of its claims' devices, applied by the runtime over the spec's env (after
+    # the kubelet's `$(VAR)` expansion, which knows only the spec's).
+    env.update(cdi_env or {})
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     pod_dir.mkdir(parents=True, exist_ok=True)
     return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
