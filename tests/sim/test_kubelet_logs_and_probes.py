@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -235,4 +237,28 @@ def test_a_containers_command_replaces_its_images_entrypoint_with_variables_expa
     eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
     eventually("its output", lambda: "".join(client.log(pod, namespace="default", container="main")) ==
                "hello from the command\n", timeout=30)
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_every_container_of_a_pod_runs_and_restarts_on_its_own(cluster: Cluster, node: SimNode) -> None:
+    client = cluster.client
+    pod = f"two-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        containers=[Container(name="main", image="registry.invalid/printer:1"),
+                    Container(name="side", image="registry.invalid/printer:1",
+                              command=["sh", "-c", "echo side car; exec sleep 3600"])])))
+    eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
+    eventually("both containers' output", lambda: "".join(client.log(pod, namespace="default", container="side"))
+               == "side car\n" and "line 1" in "".join(client.log(pod, namespace="default", container="main")),
+               timeout=15)
+    uid = client.get(Pod, pod, namespace="default").metadata.uid
+    os.kill(int((node.pod_dir(uid) / "side.pid").read_text()), signal.SIGKILL)
+    restarts = eventually("the sidecar alone to be restarted", lambda: (
+        r if (r := {c.name: c.restartCount for c in _status(client, pod).containerStatuses})["side"] == 1 else None),
+        timeout=30)
+    assert restarts["main"] == 0
+    side = next(c for c in _status(client, pod).containerStatuses if c.name == "side")
+    assert side.lastState.terminated.exitCode == 137
     client.delete(Pod, pod, namespace="default")

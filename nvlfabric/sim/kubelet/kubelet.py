@@ -94,7 +94,10 @@ class NodeState:
     plugins: dict[Path, Plugin] = field(default_factory=dict)  # registry socket → plugin
     driver_gone_since: dict[str, float] = field(default_factory=dict)
     prepared: dict[str, dict[str, list[ClaimRef]]] = field(default_factory=dict)  # pod uid → driver → claims
-    processes: dict[str, PodProcess] = field(default_factory=dict)  # pod uid → local process
+    processes: dict[tuple[str, str], PodProcess] = field(default_factory=dict)
+    """(pod uid, container) → its local process: every container of a pod whose image maps to one."""
+    terminated: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(pod uid, container) → the `lastState.terminated` of its previous instance."""
     started: set[str] = field(default_factory=set)  # pod uids reported Running
     health: HealthCache = field(default_factory=HealthCache)
     health_watches: dict[Path, asyncio.Task[None]] = field(default_factory=dict)  # registry socket → stream
@@ -103,7 +106,7 @@ class NodeState:
     pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod uid → (namespace, name)
     ready: dict[tuple[str, str], bool] = field(default_factory=dict)
     """(pod uid, container) → its readiness, for the containers whose probes say it (others: ready)."""
-    probers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # pod uid → its container's probes
+    probers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (uid, container) → probes
 
     def plugin_for(self, driver: str) -> Plugin | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
@@ -245,8 +248,7 @@ class SimKubelet:
         if not record_path(state.node, namespace, pod, container).exists():
             raise logs.LogError(400, f'container "{container}" in pod "{pod}" is not valid')
         path = state.node.pod_dir(uid) / f"{container}.log"
-        proc = state.processes.get(uid)
-        proc = proc if proc is not None and proc.container.name == container else None
+        proc = state.processes.get((uid, container))
         if previous:
             if proc is None or proc.log_offset == 0:
                 raise logs.LogError(400, f'previous terminated container "{container}" in pod "{pod}" not found')
@@ -344,7 +346,7 @@ class SimKubelet:
     async def _restart_exited(self, state: NodeState) -> None:
         """Containers of local-process pods that died are restarted (restartPolicy Always), with the
         restart counted in the pod status, as a kubelet does for a crashed DaemonSet container."""
-        for uid, proc in list(state.processes.items()):
+        for key, proc in list(state.processes.items()):
             code = proc.proc.poll()
             if code is None or time.monotonic() < proc.restart_after:
                 continue
@@ -353,16 +355,16 @@ class SimKubelet:
             try:
                 pod = await self.client.get(Pod, proc.pod_name, namespace=proc.namespace)
             except ApiError:
-                state.processes.pop(uid, None)
+                state.processes.pop(key, None)
                 continue
             if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
                 continue
             message = proc.termination_message(code)
-            new = proc.restart()
-            state.processes[uid] = new
-            self._start_prober(state, uid)
-            await self._report_running(state, pod, restarts=new.restarts, last_exit=code,
-                                       last_message=(proc.container.name, message) if message else None)
+            state.terminated[key] = {"exitCode": code if code >= 0 else 128 - code, "reason": "Error",
+                                     "finishedAt": rfc3339(), **({"message": message} if message else {})}
+            state.processes[key] = proc.restart()
+            self._start_prober(state, key)
+            await self._report_running(state, pod)
 
     async def _scan_plugins(self, state: NodeState) -> None:
         present = registry_sockets(state.node.registry_dir)
@@ -471,17 +473,17 @@ class SimKubelet:
 
     # -- probes ----------------------------------------------------------------------------------
 
-    def _start_prober(self, state: NodeState, uid: str) -> None:
-        """Probe the pod's process container, anew for each instance (a restart starts over)."""
-        old = state.probers.pop(uid, None)
+    def _start_prober(self, state: NodeState, key: tuple[str, str]) -> None:
+        """Probe one process container, anew for each instance (a restart starts over)."""
+        old = state.probers.pop(key, None)
         if old is not None:
             old.cancel()
-        proc = state.processes.get(uid)
+        proc = state.processes.get(key)
         if proc is None or not (found := probes.probes_of(proc.container)):
             return
         if "readiness" in found or "startup" in found:
-            state.ready[(uid, proc.container.name)] = False
-        state.probers[uid] = asyncio.create_task(self._probe(state, uid, proc, found))
+            state.ready[key] = False
+        state.probers[key] = asyncio.create_task(self._probe(state, key[0], proc, found))
 
     async def _probe(self, state: NodeState, uid: str, proc: PodProcess, found: dict[str, probes.Probe]) -> None:
         ports = {p.name: p.containerPort for p in proc.container.ports or [] if p.name}
@@ -719,53 +721,51 @@ class SimKubelet:
         state.started.add(uid)
 
     async def _maybe_run_process(self, state: NodeState, pod: Pod, cdi_env: dict[str, list[str]]) -> None:
-        """Run the pod's container whose image maps to a local program, with the env edits of its
-        claims' CDI devices applied over its own (as a runtime applies them)."""
+        """Run each container of the pod whose image maps to a local program (sidecars too), with
+        the env edits of its claims' CDI devices applied over its own (as a runtime applies them)."""
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
-        if uid in state.processes:
-            return
+        token: str | None = None
         for container in pod.spec.containers:
             image = image_name(container.image or "")
-            if image in self.config.images:
-                token = None
-                if self.token_requester is not None and pod.spec.serviceAccountName:
-                    token = await self.token_requester(pod.metadata.namespace or "default",
-                                                       pod.spec.serviceAccountName, pod.metadata.name or "")
-                state.processes[uid] = start_pod_process(
-                    node=state.node, pod=pod, container=container, program=self.config.images[image],
-                    api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
-                    extra_env=self.config.hardware_env.get(state.node.name, {}),
-                    cdi_env=dict(e.split("=", 1) for e in cdi_env.get(container.name, []) if "=" in e))
-                self._start_prober(state, uid)
-                return
+            if image not in self.config.images or (uid, container.name) in state.processes:
+                continue
+            if token is None and self.token_requester is not None and pod.spec.serviceAccountName:
+                token = await self.token_requester(pod.metadata.namespace or "default",
+                                                   pod.spec.serviceAccountName, pod.metadata.name or "")
+            state.processes[(uid, container.name)] = start_pod_process(
+                node=state.node, pod=pod, container=container, program=self.config.images[image],
+                api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
+                extra_env=self.config.hardware_env.get(state.node.name, {}),
+                cdi_env=dict(e.split("=", 1) for e in cdi_env.get(container.name, []) if "=" in e))
+            self._start_prober(state, (uid, container.name))
 
-    async def _report_running(self, state: NodeState, pod: Pod, *, restarts: int = 0,
-                              last_exit: int | None = None, last_message: tuple[str, str] | None = None) -> None:
+    async def _report_running(self, state: NodeState, pod: Pod) -> None:
+        """Write the pod Running: each container's readiness, restarts and last termination as its
+        process (if it runs one) has them."""
         assert pod.metadata is not None and pod.spec is not None
         t = rfc3339()
         uid = pod.metadata.uid or ""
-        containers: list[dict[str, Any]] = [
-            {"name": c.name, "image": c.image or "", "imageID": "", "ready": state.ready.get((uid, c.name), True),
-             "restartCount": restarts,
-             "started": True, "containerID": f"sim://{pod.metadata.uid}/{c.name}",
-             "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+        containers: list[dict[str, Any]] = []
+        for c in pod.spec.containers:
+            proc = state.processes.get((uid, c.name))
+            status: dict[str, Any] = {
+                "name": c.name, "image": c.image or "", "imageID": "", "ready": state.ready.get((uid, c.name), True),
+                "restartCount": proc.restarts if proc is not None else 0, "started": True,
+                "containerID": f"sim://{uid}/{c.name}", "state": {"running": {"startedAt": t}}}
+            if (last := state.terminated.get((uid, c.name))) is not None:
+                status["lastState"] = {"terminated": dict(last)}
+            containers.append(status)
         health = allocated_resources_status(pod, state.devices.get(pod.metadata.uid or "", {}), state.health,
                                             time.monotonic())
-        for c in containers:
-            if c["name"] in health:
-                c["allocatedResourcesStatus"] = health[c["name"]]
-        if last_exit is not None:
-            for c in containers:
-                c["lastState"] = {"terminated": {"exitCode": last_exit if last_exit >= 0 else 128 - last_exit,
-                                                 "reason": "Error", "finishedAt": t}}
-                if last_message is not None and last_message[0] == c["name"]:
-                    c["lastState"]["terminated"]["message"] = last_message[1]
+        for cs in containers:
+            if cs["name"] in health:
+                cs["allocatedResourcesStatus"] = health[cs["name"]]
         status = {"status": {
             "phase": "Running", "startTime": t, "hostIP": state.node.address,
             "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,
             "podIPs": [{"ip": state.node.address}],
-            "conditions": _readiness_conditions([c["ready"] for c in containers], []),
+            "conditions": _readiness_conditions([cs["ready"] for cs in containers], []),
             "containerStatuses": containers,
         }}
         await self.client.patch(Pod.Status, pod.metadata.name or "", status, namespace=pod.metadata.namespace)
@@ -791,12 +791,14 @@ class SimKubelet:
     async def _terminate(self, state: NodeState, pod: Pod) -> None:
         assert pod.metadata is not None
         uid = pod.metadata.uid or ""
-        proc = state.processes.pop(uid, None)
-        if (prober := state.probers.pop(uid, None)) is not None:
-            prober.cancel()
-        if proc is not None:
-            proc.stop()
-            state.ready.pop((uid, proc.container.name), None)
+        keys = [k for k in state.processes if k[0] == uid]
+        for key in keys:
+            if (prober := state.probers.pop(key, None)) is not None:
+                prober.cancel()
+            state.ready.pop(key, None)
+            state.terminated.pop(key, None)
+        # All its containers at once, SIGTERM then SIGKILL after the grace (as the kubelet stops a pod).
+        stop_all([state.processes.pop(k) for k in keys], timeout=PROCESS_STOP_TIMEOUT_S)
         prepared = state.prepared.get(uid)
         if prepared is None and pod.spec and pod.spec.resourceClaims:
             # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the
