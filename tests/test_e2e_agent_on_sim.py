@@ -237,9 +237,11 @@ def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: t
 
 
 def _imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
-    """(pids of the clique's nvidia-imex on `node`, its nodes file)."""
-    d = node.kubelet_root / "plugins" / DRIVER / "imex" / f"clique-{clique}"
-    return imex.daemons_using(d / "config.cfg"), (d / "nodes.cfg").read_text()
+    """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
+    by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
+    work = f"plugins/{DRIVER}/imex/clique-{clique}"
+    pids = [p for p in imex.daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
+    return pids, (node.kubelet_root / work / "nodes.cfg").read_text()
 
 
 def _agent_pods(client: Client) -> dict[str, Pod]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -86,6 +87,27 @@ class SimNode(BaseModel):
     def host_dir(self, path: str) -> Path:
         """Where a host path that is not one of `host_paths` is on this node (private to it)."""
         return self.dir / "host" / path.lstrip("/")
+
+    @property
+    def machine_pid_file(self) -> Path:
+        """The host pid of the first process of the node's PID namespace (the simulated kubelet's)."""
+        return self.dir / "machine.pid"
+
+    def runs(self, pid: int) -> bool:
+        """Whether process `pid` (a host pid) runs on this node: in the node's PID namespace."""
+        try:
+            init = int(self.machine_pid_file.read_text())
+            return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid")
+        except (OSError, ValueError):
+            return False
+
+    def host_view(self, path: str) -> Path:
+        """Where a path of this node's host file system really is: under its directory for a host
+        path of `host_paths`, else the path itself (a directory of the simulator's own)."""
+        paths = self.host_paths()
+        match = next((hp for hp in sorted(paths, key=len, reverse=True) if path == hp or path.startswith(hp + "/")),
+                     None)
+        return Path(path) if match is None else paths[match] / path[len(match):].lstrip("/")
 
     def host_paths(self) -> dict[str, Path]:
         """Host path → this node's directory, for hostPath volumes of pods placed here."""

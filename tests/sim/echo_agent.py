@@ -19,6 +19,10 @@ report = {
     "token": (sa_dir / "token").read_text() if (sa_dir / "token").exists() else None,
     "namespace": (sa_dir / "namespace").read_text() if (sa_dir / "namespace").exists() else None,
     "ca": (sa_dir / "ca.crt").exists(),
+    # What the container sees at its volumes' mount paths, and its /etc/hosts.
+    "kubelet_root": sorted(os.listdir("/var/lib/kubelet")) if os.path.isdir("/var/lib/kubelet") else None,
+    "hosts": Path("/etc/hosts").read_text(),
+    "cwd": os.getcwd(),
 }
 out = Path(os.environ["HOME"]) / "report.json"
 tmp = out.with_suffix(".tmp")

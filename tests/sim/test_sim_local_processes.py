@@ -122,8 +122,11 @@ def test_daemonset_pods_run_as_local_processes_that_see_a_pod_environment(cluste
                              lambda node=node, uid=pod.metadata.uid: report(node, uid))
             env = rep["env"]
             assert env["NODE_NAME"] == node.name and env["POD_UID"] == pod.metadata.uid
-            assert env["KUBELET_ROOT"] == str(node.kubelet_root / "plugins")
-            assert rep["args"] == ["--cdi-root", str(node.cdi_dirs[1]), "--plain", "value"]
+            # Nothing rewritten: the volumes are at their mount paths in the container's own view.
+            assert env["KUBELET_ROOT"] == "/var/lib/kubelet/plugins"
+            assert rep["args"] == ["--cdi-root", "/var/run/cdi", "--plain", "value"]
+            assert rep["kubelet_root"] == sorted(p.name for p in node.kubelet_root.iterdir())
+            assert f"{node.address}\t{pod.metadata.name}\n" in rep["hosts"]
             assert env["NVLFABRIC_NVML_NODE"] == node.name
             assert env["KUBERNETES_SERVICE_PORT"] == str(cluster.controlplane.ports.apiserver)
             assert rep["namespace"] == "default" and rep["ca"] is True

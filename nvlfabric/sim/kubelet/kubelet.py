@@ -35,6 +35,10 @@ import datetime
 import functools
 import json
 import logging
+import os
+import shutil
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +58,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from nvlfabric.api import errors, names
+from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import pki
@@ -107,6 +112,10 @@ class NodeState:
     ready: dict[tuple[str, str], bool] = field(default_factory=dict)
     """(pod uid, container) → its readiness, for the containers whose probes say it (others: ready)."""
     probers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (uid, container) → probes
+    machine: subprocess.Popen[bytes] | None = None
+    """The first process of the node's PID namespace (the node is a machine: its /proc is its own)."""
+    pidns: str | None = None
+    """/proc/<that process>/ns/pid, which the node's containers enter."""
 
     def plugin_for(self, driver: str) -> Plugin | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
@@ -193,6 +202,8 @@ class SimKubelet:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        for state in self.nodes.values():
+            self._start_machine(state)
         await asyncio.gather(*(self._register_node(s) for s in self.nodes.values()))
         if self.config.pki_dir is not None:
             for state in self.nodes.values():
@@ -227,6 +238,46 @@ class SimKubelet:
         for state in self.nodes.values():
             for plugin in state.plugins.values():
                 await plugin.close()
+            self._stop_machine(state)
+
+    # -- the node as a machine ---------------------------------------------------------------------
+
+    def _start_machine(self, state: NodeState) -> None:
+        """The node's PID namespace: `unshare --pid --fork` and a first process that only sleeps
+        (the namespace lives as long as it does; orphans of the node's containers are re-parented
+        to it). Its host pid is the forked child of unshare."""
+        unshare = shutil.which("unshare") or "unshare"
+        # (No pipe of ours inherited: a reader of our output must see its end when we exit.)
+        state.machine = subprocess.Popen([unshare, "--pid", "--fork", "--kill-child", "sleep", "infinity"],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True)
+        children = Path(f"/proc/{state.machine.pid}/task/{state.machine.pid}/children")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            pid: list[str] = []
+            with contextlib.suppress(OSError):
+                pid = children.read_text().split()
+            if pid:
+                state.pidns = f"/proc/{pid[0]}/ns/pid"
+                state.node.dir.mkdir(parents=True, exist_ok=True)
+                state.node.machine_pid_file.write_text(f"{pid[0]}\n")
+                return
+            time.sleep(0.01)
+        raise RuntimeError(f"node {state.node.name}: its PID namespace did not start (unshare --pid)")
+
+    def _stop_machine(self, state: NodeState) -> None:
+        """SIGKILL the namespace's first process (the only signal it takes: unshare, waiting for
+        it, ignores SIGTERM), which takes whatever still runs in the namespace with it."""
+        if state.machine is None:
+            return
+        if state.pidns is not None:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(state.pidns.split("/")[2]), signal.SIGKILL)
+        try:
+            state.machine.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            state.machine.kill()
+            state.machine.wait()
 
     # -- the kubelet API (kubectl logs) -------------------------------------------------------------
 
@@ -384,7 +435,8 @@ class SimKubelet:
         for sock in present.keys() - set(state.plugins):
             endpoints = {p.endpoint for p in state.plugins.values()}
             try:
-                plugin = await register(sock, registered_endpoints=endpoints)
+                plugin = await register(sock, registered_endpoints=endpoints,
+                                        host_view=lambda p: str(state.node.host_view(p)))
             except RegistrationError as exc:
                 log.warning("node %s: plugin registration failed: %s", state.node.name, exc)
                 continue
@@ -489,7 +541,8 @@ class SimKubelet:
         ports = {p.name: p.containerPort for p in proc.container.ports or [] if p.name}
 
         async def once(probe: probes.Probe) -> bool:
-            ok, seen = await probes.check(probe, host=state.node.address, ports=ports, env=proc.env, cwd=proc.cwd)
+            ok, seen = await probes.check(probe, host=state.node.address, ports=ports, env=proc.env, cwd=proc.cwd,
+                                          enter=proc.proc.pid)
             if not ok:
                 await self._pod_event(proc, "Unhealthy", f"{probe.title} probe failed: {seen}", warning=True)
             return ok
@@ -497,8 +550,7 @@ class SimKubelet:
         async def kill(probe: probes.Probe) -> None:
             await self._pod_event(proc, "Killing", f"Container {proc.container.name} failed {probe.kind} probe, "
                                                    "will be restarted", warning=False)
-            with contextlib.suppress(ProcessLookupError):
-                proc.proc.kill()  # _restart_exited restarts it, counting the restart
+            proc.kill()  # _restart_exited restarts it, counting the restart
 
         async def loop(probe: probes.Probe, counter: probes.Counter, changed: Callable[[bool], Any]) -> None:
             await asyncio.sleep(probe.initial_delay_s)
@@ -684,6 +736,7 @@ class SimKubelet:
                 local = pod_claim_name.get(ref.name) or statuses.get(ref.name) or ref.name
                 cdi_by_claim.setdefault(local, []).extend((d.request_names, d.cdi_device_ids) for d in devices)
         records = {}
+        edits_of: dict[str, ContainerEdits] = {}
         for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
             ids: list[str] = []
             for c in (container.resources.claims or []) if container.resources else []:
@@ -694,6 +747,7 @@ class SimKubelet:
                 edits = cdi.resolve(state.node.cdi_dirs, ids)
             except cdi.UnresolvableDevices as exc:
                 raise PodNotReady("Failed", f"container {container.name}: CreateContainerError: {exc}") from exc
+            edits_of[container.name] = edits
             # The CDI edits (`env` among them, the driver's) and what the kubelet itself gives the
             # runtime: the spec's env resolved (downward API, `$(VAR)`), command and args expanded.
             records[container.name] = {"cdi_device_ids": ids,
@@ -705,7 +759,7 @@ class SimKubelet:
             record |= {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "pod_uid": uid,
                        "container": cname, "node": state.node.name}
             path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        await self._maybe_run_process(state, pod, {c: r.get("env") or [] for c, r in records.items()})
+        await self._maybe_run_process(state, pod, edits_of)
         for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
             out = state.node.pod_dir(uid) / f"{container.name}.log"
             if not out.exists():  # runs nothing here: its log says so, and where its record is
@@ -720,9 +774,9 @@ class SimKubelet:
         await self._report_running(state, pod)
         state.started.add(uid)
 
-    async def _maybe_run_process(self, state: NodeState, pod: Pod, cdi_env: dict[str, list[str]]) -> None:
+    async def _maybe_run_process(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits]) -> None:
         """Run each container of the pod whose image maps to a local program (sidecars too), with
-        the env edits of its claims' CDI devices applied over its own (as a runtime applies them)."""
+        the CDI edits of its claims' devices applied (as a runtime applies them)."""
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
         token: str | None = None
@@ -737,7 +791,7 @@ class SimKubelet:
                 node=state.node, pod=pod, container=container, program=self.config.images[image],
                 api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
                 extra_env=self.config.hardware_env.get(state.node.name, {}),
-                cdi_env=dict(e.split("=", 1) for e in cdi_env.get(container.name, []) if "=" in e))
+                cdi=edits.get(container.name), pidns=state.pidns)
             self._start_prober(state, (uid, container.name))
 
     async def _report_running(self, state: NodeState, pod: Pod) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import stat
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,8 +132,11 @@ class Plugin:
             self._channel = None
 
 
-async def register(socket: Path, *, registered_endpoints: set[str]) -> Plugin:
-    """Run the kubelet's registration handshake against one registry socket."""
+async def register(socket: Path, *, registered_endpoints: set[str],
+                   host_view: Callable[[str], str] = str) -> Plugin:
+    """Run the kubelet's registration handshake against one registry socket. `host_view`: where
+    the endpoint the plugin names (a path of the node's host, as a plugin in a container sees it
+    through its hostPath volume) is for this process."""
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
         try:
@@ -142,7 +145,7 @@ async def register(socket: Path, *, registered_endpoints: set[str]) -> Plugin:
             raise RegistrationError(f"GetInfo on {socket}: {exc.code().name}: {exc.details()}") from exc
         error = ""
         service = next((v for v in info.supported_versions if v in KNOWN_SERVICES), "")
-        endpoint = info.endpoint or str(socket)
+        endpoint = host_view(info.endpoint) if info.endpoint else str(socket)
         if info.type != "DRAPlugin":
             error = f"unsupported plugin type {info.type!r}"
         elif not info.name:

@@ -9,10 +9,11 @@ a container with a readiness probe starts not ready) and `livenessProbe` kills t
 after `successThreshold` passes; the defaults are the API's (0, 10, 1, 1, 3). Every failed try is
 a Warning event `Unhealthy` ("Readiness probe failed: ..."), as the kubelet writes it.
 
-The four handlers: `exec` (the command, with the container's environment and working directory;
-exit 0 passes), `httpGet` (a status from 200 to 399 passes; host: the pod's IP), `tcpSocket` (the
-connection opens) and `grpc` (the standard health service answers SERVING). Containers that run
-nothing here have nothing to probe: their probes are not run (their log says they are simulated).
+The four handlers: `exec` (the command inside the container: in its mount namespace, root and
+working directory, by `nsenter`, with its environment; exit 0 passes), `httpGet` (a status from
+200 to 399 passes; host: the pod's IP), `tcpSocket` (the connection opens) and `grpc` (the
+standard health service answers SERVING). Containers that run nothing here have nothing to
+probe: their probes are not run (their log says they are simulated).
 """
 
 from __future__ import annotations
@@ -146,12 +147,17 @@ async def _grpc(spec: Any, host: str, timeout_s: float) -> tuple[bool, str]:
     return False, f"service unhealthy (responded with {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)})"
 
 
-async def check(probe: Probe, *, host: str, ports: dict[str, int], env: dict[str, str], cwd: Path) -> tuple[bool, str]:
-    """Run one try of the probe: (passed, what it saw)."""
+async def check(probe: Probe, *, host: str, ports: dict[str, int], env: dict[str, str], cwd: Path,
+                enter: int | None = None) -> tuple[bool, str]:
+    """Run one try of the probe: (passed, what it saw). `enter`: the container's pid, whose mount
+    namespace, root and working directory an exec probe runs in."""
     spec = probe.spec
     try:
         if spec.exec is not None:
-            return await _exec(list(spec.exec.command or []), env, cwd, probe.timeout_s)
+            command = list(spec.exec.command or [])
+            if enter is not None:
+                command = ["nsenter", "-t", str(enter), "-m", "-r", "-w", "--", *command]
+            return await _exec(command, env, cwd, probe.timeout_s)
         if spec.httpGet is not None:
             return await _http(spec.httpGet, host, _port(spec.httpGet.port, ports), probe.timeout_s)
         if spec.tcpSocket is not None:

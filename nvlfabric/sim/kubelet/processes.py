@@ -1,23 +1,25 @@
 """Running a pod's container as a local process on a simulated node (the node agent's DaemonSet).
 
-There is no container runtime, so the "container" is a process of ours and its mounts are
-emulated by path translation: for every volumeMount, a value in the container's args or env that
-starts with the mount path is rewritten to the directory that volume maps to on this node
-(hostPath volumes through the node's host-path table, the projected service-account volume to a
-per-pod directory with a token bound to this pod). The kubelet's usual environment is added
-(KUBERNETES_SERVICE_HOST/PORT, downward-API fields, the pod's labels and annotations among them),
-and `$(VAR)` references in env values, command and args are expanded as a kubelet expands them,
-so the process sees what a pod would.
+There is no container runtime, so the "container" is a process of ours in a mount namespace of
+its own (rootfs.py): each volume is bound at its mount path (hostPath volumes through the node's
+host-path table, the projected service-account volume a per-pod directory with a token bound to
+this pod), the CDI edits of its claims are applied (env, mounts, device nodes), and the pod has
+its own /etc/hosts. The kubelet's usual environment is added (KUBERNETES_SERVICE_HOST/PORT,
+downward-API fields, the pod's labels and annotations among them), and `$(VAR)` references in env
+values, command and args are expanded as a kubelet expands them, so the process sees what a pod
+would, at the paths a pod would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from urllib.parse import urlparse
 from lightkube.models.core_v1 import Container, EnvVar
 from lightkube.resources.core_v1 import Pod
 
+from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nodes import SimNode
 
@@ -78,6 +81,12 @@ class PodProcess:
         new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
         return new
 
+    def kill(self) -> None:
+        """SIGKILL the container: its whole process group (the proxy and the container it runs;
+        what the container made a session of its own, an IMEX daemon, is not the container's)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is not None:
             return
@@ -85,7 +94,7 @@ class PodProcess:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             self.proc.wait()
 
 
@@ -102,7 +111,7 @@ def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
         try:
             p.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.proc.kill()
+            p.kill()
             p.proc.wait()
 
 
@@ -186,24 +195,49 @@ def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None
     return out
 
 
-def translate(value: str, mounts: list[tuple[str, Path]]) -> str:
-    for mount_path, host_dir in mounts:
-        if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
-            return str(host_dir) + value[len(mount_path.rstrip("/")):]
-    return value
+def hosts_file(pod: Pod, node: SimNode) -> str:
+    """The pod's /etc/hosts as the kubelet writes it: localhost, and the pod's own name (under its
+    subdomain's Service when it has one)."""
+    assert pod.metadata is not None and pod.spec is not None
+    host = pod.spec.hostname or pod.metadata.name or ""
+    names = [host]
+    if pod.spec.subdomain:
+        names.insert(0, f"{host}.{pod.spec.subdomain}.{pod.metadata.namespace or 'default'}.svc.cluster.local")
+    return ("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            "fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n"
+            f"{node.address}\t{chr(9).join(names)}\n")
+
+
+def _cdi_spec(node: SimNode, cdi: ContainerEdits | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The CDI edits' mounts and device nodes, for the container's root (host paths as the node has them)."""
+    mounts, devices = [], []
+    for m in cdi.mounts if cdi else []:
+        mounts.append({"source": str(node.host_view(m.host_path)), "target": m.container_path,
+                       "readonly": "ro" in (m.options or [])})
+    for d in cdi.device_nodes if cdi else []:
+        major, minor, kind = d.major, d.minor, d.type
+        if major is None and (host := node.host_view(d.host_path or d.path)).exists():
+            rdev = host.stat().st_rdev
+            major, minor, kind = os.major(rdev), os.minor(rdev), kind or "c"
+        if major is not None:
+            devices.append({"path": d.path, "type": kind or "c", "major": major, "minor": minor or 0,
+                            "fileMode": d.file_mode})
+    return mounts, devices
 
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
-                      ca_file: Path | None, token: str | None,
-                      extra_env: dict[str, str] | None = None, cdi_env: dict[str, str] | None = None) -> PodProcess:
+                      ca_file: Path | None, token: str | None, extra_env: dict[str, str] | None = None,
+                      cdi: ContainerEdits | None = None, pidns: str | None = None) -> PodProcess:
+    """Start the container in a mount namespace of its own (rootfs.py): its volumes at their
+    mount paths, the CDI edits of its claims applied (env, mounts, device nodes), the pod's
+    /etc/hosts; its command and args as Kubernetes runs them. Nothing is rewritten."""
     assert pod.metadata is not None
     dirs = volume_dirs(node, pod, token, ca_file)
-    mounts = sorted(((m.mountPath, dirs[m.name]) for m in container.volumeMounts or [] if m.name in dirs),
-                    key=lambda m: len(m[0]), reverse=True)
     api = urlparse(api_server)
+    pod_dir = node.pod_dir(pod.metadata.uid or "")
     env: dict[str, str] = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(node.pod_dir(pod.metadata.uid or "")),
+        "HOME": str(pod_dir),
         "HOSTNAME": pod.metadata.name or "",
         "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(api.port or 443),
@@ -211,17 +245,29 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
         **(extra_env or {}),
     }
     for e in container.env or []:
-        env[e.name] = translate(env_value(pod, node, e, env), mounts)
+        env[e.name] = env_value(pod, node, e, env)
     # Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD; `$(VAR)` expanded.
-    argv = program.argv([translate(expand(c, env), mounts) for c in container.command or []],
-                        [translate(expand(a, env), mounts) for a in container.args or []])
+    argv = program.argv([expand(c, env) for c in container.command or []],
+                        [expand(a, env) for a in container.args or []])
     # The CDI env edits of its claims' devices, applied by the runtime over the spec's env (after
     # the kubelet's `$(VAR)` expansion, which knows only the spec's).
-    env.update(cdi_env or {})
-    pod_dir = node.pod_dir(pod.metadata.uid or "")
+    env.update(dict(e.split("=", 1) for e in (cdi.env if cdi else []) if "=" in e))
     pod_dir.mkdir(parents=True, exist_ok=True)
+    cdi_mounts, devices = _cdi_spec(node, cdi)
+    mounts = [{"source": str(dirs[m.name] / (m.subPath or "")), "target": m.mountPath, "readonly": bool(m.readOnly)}
+              for m in container.volumeMounts or [] if m.name in dirs]
+    hosts = pod_dir / "etc-hosts"
+    hosts.write_text(hosts_file(pod, node))
+    root = pod_dir / "rootfs" / container.name
+    root.mkdir(parents=True, exist_ok=True)
+    spec = {"root": str(root), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
+            "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
+            "pid_file": str(pod_dir / f"{container.name}.pid")}
+    spec_path = pod_dir / f"{container.name}.container.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]
     return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
-                   namespace=pod.metadata.namespace or "default", container=container, argv=argv, env=env,
+                   namespace=pod.metadata.namespace or "default", container=container, argv=launcher, env=env,
                    cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
 
 
@@ -231,8 +277,7 @@ def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container
         offset = fh.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 cwd=cwd, start_new_session=True)
-    pp = PodProcess(pod_uid=pod_uid, pod_name=pod_name, namespace=namespace, container=container, proc=proc,
-                    log_path=log_path, argv=argv, env=env, cwd=cwd, log_offset=offset)
-    # `nvlfabric-sim fault agent-killed` finds the process through this file.
-    pp.pid_file.write_text(f"{proc.pid}\n")
-    return pp
+    # (`nvlfabric-sim fault agent-killed` finds the container through its pid file, which the
+    # proxy writes with the container's own pid: rootfs.py.)
+    return PodProcess(pod_uid=pod_uid, pod_name=pod_name, namespace=namespace, container=container, proc=proc,
+                      log_path=log_path, argv=argv, env=env, cwd=cwd, log_offset=offset)
