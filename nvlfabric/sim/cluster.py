@@ -59,10 +59,11 @@ def ready_domain_status(client: Client, name: str, namespace: str = "default", t
     return eventually(f"ComputeDomain {namespace}/{name} to be Ready", ready, timeout=timeout)
 
 
-def install_crd(client: Client) -> None:
-    """Apply the ComputeDomain CRD from nvlfabric.manifests (idempotent) and wait until it is
-    Established, so ComputeDomains can be created right away."""
-    crd = yaml.safe_load(manifests.read(manifests.CRD_FILE))
+def install_crd(client: Client, crd: dict[str, Any] | None = None) -> None:
+    """Apply a CRD (default: the ComputeDomain CRD from nvlfabric.manifests) idempotently and wait
+    until it is Established, so its objects can be created right away."""
+    crd = crd if crd is not None else yaml.safe_load(manifests.read(manifests.CRD_FILE))
+    assert crd is not None
     client.patch(CustomResourceDefinition, crd["metadata"]["name"], crd, patch_type=PatchType.APPLY,
                  field_manager=FIELD_MANAGER, force=True)
 
@@ -71,7 +72,7 @@ def install_crd(client: Client) -> None:
         conditions = (status.conditions if status else None) or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
-    eventually("the ComputeDomain CRD to be Established", established)
+    eventually(f"CRD {crd['metadata']['name']} to be Established", established)
 
 
 def make_ready_nodes(client: Client, labels_by_name: dict[str, dict[str, str]], *,

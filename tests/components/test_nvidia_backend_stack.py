@@ -19,18 +19,16 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.batch_v1 import Job
 from lightkube.types import PatchType
 
-from nvlfabric.api import crdgen
 from nvlfabric.api import nvidia as nv
 from nvlfabric.components import ComponentArgsError, ComputeDomain
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.provider.nvidiadomain import NVIDIA_CD
 from nvlfabric.review import impact, markdown, preview
-from nvlfabric.sim.cluster import eventually
+from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
 from tests.nvidia_standin import nvidia_controller
@@ -96,20 +94,11 @@ def test_on_nvidia_what_needs_nvlfabrics_controller_is_refused_naming_it(kw: dic
 # -- one stack through the Pulumi CLI ---------------------------------------------------------------
 
 
-def _established(client: Any, name: str) -> bool:
-    crd = client.get(CustomResourceDefinition, name)
-    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
-
-
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Cluster:
     """NVIDIA's CRD (as its chart installs it) and nvlfabric's, both Established."""
-    client = cluster.client
-    client.apply(CustomResourceDefinition.from_dict(yaml.safe_load(CRD_FILE.read_text())),
-                 field_manager="nvidia-chart", force=True)
-    client.apply(CustomResourceDefinition.from_dict(crdgen.build()), field_manager="nvlfabric-crdgen", force=True)
-    for name in (nv.CRD_NAME, "computedomains.nvlfabric.io"):
-        eventually(f"CRD {name} Established", lambda n=name: _established(client, n), timeout=30)  # type: ignore[misc]
+    install_crd(cluster.client, yaml.safe_load(CRD_FILE.read_text()))
+    install_crd(cluster.client)
     return cluster
 
 

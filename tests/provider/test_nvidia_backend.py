@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
 from lightkube.types import PatchType
@@ -32,6 +31,7 @@ from nvlfabric.provider import errors
 from nvlfabric.provider.await_ import Poll
 from nvlfabric.provider.computedomain import ComputeDomainProvider
 from nvlfabric.provider.nvidiadomain import CONTROLLER_HINT, NVIDIA_CD, check_inputs, compute_diff
+from nvlfabric.sim.cluster import install_crd
 from tests.conftest import Cluster
 from tests.nvidia_standin import FINALIZER, NvidiaStandIn, nvidia_controller
 
@@ -110,21 +110,10 @@ def test_a_backend_change_replaces_creating_the_new_domain_first(old: str | None
 # -- on the real API server --------------------------------------------------------------------------
 
 
-def _established(crd: CustomResourceDefinition) -> bool:
-    conds = crd.status.conditions if crd.status and crd.status.conditions else []
-    return any(c.type == "Established" and c.status == "True" for c in conds)
-
-
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Cluster:
     """NVIDIA's CRD installed, as its chart does, and Established."""
-    client = cluster.client
-    client.apply(CustomResourceDefinition.from_dict(yaml.safe_load(CRD_FILE.read_text())),
-                 field_manager="nvidia-chart", force=True)
-    deadline = time.monotonic() + 30
-    while not _established(client.get(CustomResourceDefinition, nv.CRD_NAME)):
-        assert time.monotonic() < deadline, f"CRD {nv.CRD_NAME} not Established after 30 s"
-        time.sleep(0.1)
+    install_crd(cluster.client, yaml.safe_load(CRD_FILE.read_text()))
     return cluster
 
 
