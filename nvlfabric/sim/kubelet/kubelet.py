@@ -263,7 +263,8 @@ class SimKubelet:
                 state.node.machine_pid_file.write_text(f"{pid[0]}\n")
                 return
             time.sleep(0.01)
-        raise RuntimeError(f"node {state.node.name}: its PID namespace did not start (unshare --pid)")
+        raise RuntimeError(f"node {state.node.name}: its PID namespace did not start (unshare --pid): simulated "
+                           "nodes need root (CAP_SYS_ADMIN) for their PID and mount namespaces")
 
     def _stop_machine(self, state: NodeState) -> None:
         """SIGKILL the namespace's first process (the only signal it takes: unshare, waiting for
