@@ -215,6 +215,9 @@ def module_dir(module: str, version: str, wrapper: Path) -> Path:
 TOOLS: list[Tool] = [
     Tool("kubernetes", "k8s.io/kubernetes", KUBERNETES_VERSION, TOOLS_DIR / "kubernetes",
          ["kube-apiserver", "kube-scheduler", "kube-controller-manager"], k8s_recipe),
+    # The real kubelet, for nodes of `nvlfabric-sim up --real-kubelets N`: a wrapper of its own (its
+    # module graph is larger), so it is built, cached and rebuilt apart from the control plane.
+    Tool("kubelet", "k8s.io/kubernetes", KUBERNETES_VERSION, TOOLS_DIR / "kubelet", ["kubelet"], k8s_recipe),
     Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, TOOLS_DIR / "etcd", ["etcd"], etcd_recipe),
     Tool("pulumi", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi",
          ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python",

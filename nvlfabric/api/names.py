@@ -143,6 +143,8 @@ MAX_PODS_PER_CLAIM: Final = 256
 """A ResourceClaim's `status.reservedFor` holds at most 256 consumers: the pods of one domain."""
 GPUS_PER_NODE: Final = 4
 """A GB200 compute tray: 4 GPUs (a node)."""
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource a node's GPUs are advertised as (NVIDIA's device plugin's name)."""
 NODES_PER_CLIQUE: Final = 18
 """An NVL72 rack: 18 trays in one NVLink clique."""
 GPUS_PER_CLIQUE: Final = GPUS_PER_NODE * NODES_PER_CLIQUE

@@ -28,9 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nvlfabric.api.names import CLIQUE_LABEL, MAX_PODS_PER_CLAIM
-
-GPU_RESOURCE = "nvidia.com/gpu"
+from nvlfabric.api.names import CLIQUE_LABEL, GPU_RESOURCE, MAX_PODS_PER_CLAIM
 
 
 @dataclass(frozen=True)

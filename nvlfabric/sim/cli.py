@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="YAML mapping container images (no tag) to local programs the simulated nodes run: "
                          "{images: {<image>: [entrypoint...] | {entrypoint: [...], cmd: [...]}}}; a container's "
                          "command and args apply as Kubernetes applies them (see nvlfabric/sim/images.py)")
+    up.add_argument("--real-kubelets", type=int, default=0, metavar="N",
+                    help="run the last N nodes with the real kubelet (built by `make tools`) against nvlfabric's "
+                         "CRI runtime stand-in instead of the simulated kubelet; each needs a non-loopback "
+                         "address of this machine (see nvlfabric/sim/realnode.py)")
     up.add_argument("--workload-scheduling", action="store_true",
                     help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
                          "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
@@ -83,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)  # validates
             cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
             cp.workload_scheduling = args.workload_scheduling
+            cp.real_kubelets = args.real_kubelets
             if args.images is not None:
                 cp.images = images.load(args.images)
             if not cp.up():

@@ -37,9 +37,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from nvlfabric.sim import hardware, pki, processes
+from nvlfabric.sim import hardware, pki, processes, realnode
 from nvlfabric.sim.images import ImageProgram, default_images
-from nvlfabric.sim.nodes import NODES_PER_RACK, SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.kubelet import rootfs
+from nvlfabric.sim.nodes import GPUS_PER_NODE, NODES_PER_RACK, SimNode, rack_nodes, runtime_root
 from nvlfabric.sim.paths import Tools, load_tools
 from nvlfabric.sim.processes import ProcessRecord
 
@@ -95,6 +96,7 @@ class State(BaseModel):
     first_rack: int = 0
     nodes_ready_s: float | None = None
     workload_scheduling: bool = False
+    real_kubelets: int = 0
 
 
 class ControlPlaneError(RuntimeError):
@@ -120,12 +122,19 @@ class ControlPlane:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     """Extra command-line flags per component (`etcd`, `kube-apiserver`, `kube-scheduler`,
     `kube-controller-manager`), e.g. `{"kube-controller-manager": ["--kube-api-qps=100"]}`."""
+    real_kubelets: int = 0
+    """How many of the nodes (the last ones) the real kubelet runs, against nvlfabric's CRI
+    stand-in (nvlfabric/sim/realnode.py); the simulated kubelet runs the others."""
     workload_scheduling: bool = False
     """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
     the scheduler and the controller manager alike, as a cluster that opted in would."""
 
     def nodes(self) -> list[SimNode]:
         return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack)
+
+    def real_nodes(self) -> list[SimNode]:
+        """The nodes the real kubelet runs: the last `real_kubelets` ones."""
+        return self.nodes()[len(self.nodes()) - self.real_kubelets:] if self.real_kubelets else []
 
     @property
     def state_file(self) -> Path:
@@ -196,10 +205,17 @@ class ControlPlane:
                     self.racks, self.nodes_per_rack, self.first_rack = (state.racks, state.nodes_per_rack,
                                                                         state.first_rack)
                     self.workload_scheduling = state.workload_scheduling
+                    self.real_kubelets = state.real_kubelets
                     return False
                 # Leftovers of a crash: stop what survives before starting afresh.
                 self._stop_all(state)
             tools = load_tools()
+            if self.real_kubelets:
+                if self.real_kubelets > len(self.nodes()):
+                    raise ControlPlaneError(f"--real-kubelets {self.real_kubelets} is more than the "
+                                            f"{len(self.nodes())} node(s) of --racks/--nodes-per-rack")
+                tools.binary("kubelet")
+                realnode.node_addresses(self.real_kubelets)
             self._check_ports()
             started = time.monotonic()
             token = pki.generate(self.state_dir / "pki")
@@ -208,7 +224,7 @@ class ControlPlane:
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
                           racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
-                          workload_scheduling=self.workload_scheduling)
+                          workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
@@ -218,7 +234,7 @@ class ControlPlane:
                 state.ready_s = round(time.monotonic() - started, 2)
                 self.progress(f"control plane ready in {state.ready_s:.1f}s at {self.server}")
                 if self.racks:
-                    self._start_nodes(state)
+                    self._start_nodes(tools, state)
                     state.nodes_ready_s = round(time.monotonic() - started, 2)
             except BaseException:
                 self._stop_all(state)
@@ -347,8 +363,9 @@ class ControlPlane:
         self._wait(state, "the controller manager to create ServiceAccount default/default",
                    lambda: self._api_ok(state.token, "/api/v1/namespaces/default/serviceaccounts/default"))
 
-    def _start_nodes(self, state: State) -> None:
-        """Simulated GB200 racks: stand-ins in each node's driver root, then one kubelet process."""
+    def _start_nodes(self, tools: Tools, state: State) -> None:
+        """Simulated GB200 racks: stand-ins in each node's driver root, then one process of
+        simulated kubelets, and a machine with the real kubelet for each of `real_nodes()`."""
         nodes = self.nodes()
         self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
         built = hardware.build_standins()
@@ -361,14 +378,19 @@ class ControlPlane:
             hardware.install_driver_root(node, built, topo.driver_version)
             for problem in hardware.install_host_files(node, minors[node.name], topo.driver_version):
                 self.progress(f"{node.name}: not made: {problem}")  # once per node: no CAP_MKNOD here
-        self._launch(state, "sim-kubelet", [
-            sys.executable, "-m", "nvlfabric.sim.kubelet", f"--state-dir={self.state_dir}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
-            f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
-            f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
-            f"--pki-dir={self.state_dir / 'pki'}",
-        ])
+        real = self.real_nodes()
+        if len(real) < len(nodes):
+            self._launch(state, "sim-kubelet", [
+                sys.executable, "-m", "nvlfabric.sim.kubelet", f"--state-dir={self.state_dir}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
+                f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
+                f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
+                f"--pki-dir={self.state_dir / 'pki'}",
+                *(f"--exclude={n.name}" for n in real),
+            ])
+        for node, address in zip(real, realnode.node_addresses(len(real)), strict=True):
+            self._start_real_node(tools, state, realnode.RealNode(node=node, address=address))
         names = {n.name for n in nodes}
         last = [-1]
 
@@ -380,6 +402,34 @@ class ControlPlane:
             return ready == names
 
         self._wait(state, f"{len(names)} simulated nodes to be Ready and schedulable", all_ready)
+
+    def _start_real_node(self, tools: Tools, state: State, real: realnode.RealNode) -> None:
+        """The node's machine (a PID namespace, its first process reaping orphans), then the node
+        itself in it: the CRI stand-in and the real kubelet (nvlfabric/sim/realnode.py)."""
+        name = real.node.name
+        machine = self._launch(state, f"machine-{name}", [
+            shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
+            sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", "--init"])
+        init = rootfs.namespace_init(machine.pid)
+        if init is None:
+            raise ControlPlaneError(f"node {name}: its PID namespace did not start (unshare --pid): a real-kubelet "
+                                    "node needs root (CAP_SYS_ADMIN) for its PID and mount namespaces")
+        real.node.machine_pid_file.write_text(f"{init}\n")
+        spec = realnode.prepare(real, pki_dir=self.state_dir / "pki", kubelet=tools.binary("kubelet"),
+                                server=self.server, images=self.images, labels=realnode.labels(real.node),
+                                hardware_env=hardware.node_env(self.state_dir, real.node), pidns=f"/proc/{init}/ns/pid")
+        self._launch(state, f"kubelet-{name}", [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec)])
+        self._wait(state, f"the real kubelet of {name} to register its Node (log: {real.kubelet_log})",
+                   lambda: self._api_ok(state.token, f"/api/v1/nodes/{name}"))
+        self._patch_node_status(state.token, name, realnode.gpu_capacity_patch(GPUS_PER_NODE))
+
+    def _patch_node_status(self, token: str, name: str, patch: dict[str, Any]) -> None:
+        req = urllib.request.Request(f"{self.server}/api/v1/nodes/{name}/status", data=json.dumps(patch).encode(),
+                                     method="PATCH", headers={"Content-Type": "application/merge-patch+json",
+                                                              "Authorization": f"Bearer {token}"})
+        ctx = ssl.create_default_context(cafile=str(self.state_dir / "pki" / "ca.crt"))
+        with urllib.request.urlopen(req, timeout=10, context=ctx):
+            pass
 
     def _ready_nodes(self, token: str) -> set[str]:
         """Nodes that are Ready and no longer carry the not-ready taint (i.e. schedulable)."""
@@ -459,7 +509,11 @@ class ControlPlane:
                 self.progress(f"stopping {rec.name} (pid {rec.pid})")
             # The kubelet stops the processes it runs (node agents, which stop their IMEX daemons)
             # first; killed before that, it would leave them running.
-            processes.stop(rec, timeout=KUBELET_STOP_TIMEOUT_S if rec.name == "sim-kubelet" else 10.0)
+            # A machine's first process goes last and at once (SIGKILL: unshare ignores SIGTERM),
+            # taking what is left in its PID namespace with it.
+            timeout = (KUBELET_STOP_TIMEOUT_S if rec.name == "sim-kubelet" or rec.name.startswith("kubelet-")
+                       else 0.0 if rec.name.startswith("machine-") else 10.0)
+            processes.stop(rec, timeout=timeout)
 
     def down(self) -> bool:
         """Stop everything; returns False when nothing was running."""

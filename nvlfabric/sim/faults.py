@@ -14,6 +14,7 @@ NVML faults take effect in running processes at their next NVML call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,15 +68,30 @@ def inject(state_dir: Path, node: SimNode, fault: str, gpus: list[int] | None = 
     return f"{node.name}: NVML fault {fault} written to {path}"
 
 
+def _agent_pids(node: SimNode) -> list[int]:
+    """Host pids of the node's agent containers: from the simulated kubelet's pid files, or, on
+    a real-kubelet node, from its runtime's (numbered in the node's PID namespace)."""
+    pids = []
+    for pid_file in sorted((node.dir / "pods").glob("*/agent.pid")):
+        with contextlib.suppress(ValueError, OSError):
+            pids.append(int(pid_file.read_text()))
+    for record in sorted(node.containers_dir.glob("*_agent.json")):
+        with contextlib.suppress(ValueError, OSError, KeyError):
+            cid = json.loads(record.read_text())["container_id"]
+            ns_pid = int((node.real_kubelet_dir / "runtime" / cid / "container.pid").read_text())
+            if (pid := node.host_pid(ns_pid)) is not None:
+                pids.append(pid)
+    return pids
+
+
 def _kill_agents(node: SimNode) -> str:
     killed = []
     # The agent container only: the IMEX keeper's pod (container "imex") runs on, as it would.
-    for pid_file in sorted((node.dir / "pods").glob("*/agent.pid")):
+    for pid in _agent_pids(node):
         try:
-            pid = int(pid_file.read_text())
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-        except (ValueError, ProcessLookupError, FileNotFoundError):
+        except ProcessLookupError:
             continue
     if not killed:
         raise FaultError(f"{node.name}: no agent process is running there")

@@ -81,6 +81,12 @@ class SimNode(BaseModel):
         except (FileNotFoundError, ValueError):
             return False
 
+    @property
+    def real_kubelet_dir(self) -> Path:
+        """A real-kubelet node's own files (nvlfabric/sim/realnode.py): its kubelet's config,
+        certificates and log, the CRI stand-in's containers under runtime/<container id>/."""
+        return self.dir / "real-kubelet"
+
     def pod_dir(self, uid: str) -> Path:
         return self.dir / "pods" / uid
 
@@ -100,6 +106,27 @@ class SimNode(BaseModel):
             return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid")
         except (OSError, ValueError):
             return False
+
+    def host_pid(self, pid: int) -> int | None:
+        """The host pid of process `pid` as this node's PID namespace numbers it (what a pid
+        file written on a real-kubelet node holds), or None when no such process runs."""
+        try:
+            init = int(self.machine_pid_file.read_text())
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+        except (OSError, ValueError):
+            return None
+        with os.scandir("/proc") as entries:
+            for entry in entries:
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    status = Path(entry.path, "status").read_text()
+                    nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+                    if len(nspid) > 1 and int(nspid[-1]) == pid and os.readlink(f"{entry.path}/ns/pid") == ns:
+                        return int(entry.name)
+                except (OSError, StopIteration, ValueError):
+                    continue
+        return None
 
     def host_view(self, path: str) -> Path:
         """Where a path of this node's host file system really is: under its directory for a host
@@ -128,6 +155,15 @@ class SimNode(BaseModel):
         if not link.is_symlink():
             link.symlink_to(self.kubelet_root)
         self.proc_devices.write_text(proc_devices_text())
+
+
+def node_labels(n: SimNode) -> dict[str, str]:
+    """The labels a simulated GB200 compute tray registers with, whichever kubelet runs it."""
+    return {
+        "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64",
+        "node.kubernetes.io/instance-type": "gb200-nvl72-compute-tray",
+        names.RACK_LABEL: topology.rack_name(n.rack), "nvlfabric.io/simulated": "true",
+    }
 
 
 def node_name(rack: int, index: int) -> str:

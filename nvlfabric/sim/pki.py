@@ -109,16 +109,26 @@ def _signed(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, commo
     return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
-def node_serving(pki_dir: Path, node: str, address: str, out_dir: Path) -> tuple[Path, Path]:
-    """Write a node's kubelet serving certificate and key into `out_dir` (as a kubelet's own,
-    `system:node:<name>`, for its name and address), signed by the cluster's CA; their paths."""
+def _node_certificate(pki_dir: Path, node: str, sans: list[x509.GeneralName], usage: x509.ObjectIdentifier,
+                      out_dir: Path, stem: str) -> tuple[Path, Path]:
     ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
     ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    cert, key = _signed(ca_cert, ca_key, f"system:node:{node}",
-                        [x509.DNSName(node), x509.IPAddress(ipaddress.ip_address(address))],
-                        x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, organization="system:nodes")
+    cert, key = _signed(ca_cert, ca_key, f"system:node:{node}", sans, usage, organization="system:nodes")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "kubelet.crt").write_bytes(cert)
-    _write_private(out_dir / "kubelet.key", key)
-    return out_dir / "kubelet.crt", out_dir / "kubelet.key"
+    (out_dir / f"{stem}.crt").write_bytes(cert)
+    _write_private(out_dir / f"{stem}.key", key)
+    return out_dir / f"{stem}.crt", out_dir / f"{stem}.key"
+
+
+def node_serving(pki_dir: Path, node: str, address: str, out_dir: Path) -> tuple[Path, Path]:
+    """Write a node's kubelet serving certificate and key into `out_dir` (as a kubelet's own,
+    `system:node:<name>`, for its name and address), signed by the cluster's CA; their paths."""
+    return _node_certificate(pki_dir, node, [x509.DNSName(node), x509.IPAddress(ipaddress.ip_address(address))],
+                             x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, out_dir, "kubelet")
+
+
+def node_client(pki_dir: Path, node: str, out_dir: Path) -> tuple[Path, Path]:
+    """A real kubelet's client certificate (`system:node:<name>` in `system:nodes`): the API
+    server's Node authorizer and NodeRestriction then limit it to its own node, as on a cluster."""
+    return _node_certificate(pki_dir, node, [], x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH, out_dir, "kubelet-client")

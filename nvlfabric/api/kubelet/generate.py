@@ -1,4 +1,6 @@
-"""Regenerate the *_pb2 / *_pb2_grpc modules from the .proto files beside this file."""
+"""Regenerate the *_pb2 / *_pb2_grpc modules from the .proto files of nvlfabric's gRPC contracts:
+the kubelet's plugin APIs beside this file, and the CRI the simulator's runtime stand-in serves
+(nvlfabric/sim/cri)."""
 
 from __future__ import annotations
 
@@ -12,19 +14,21 @@ HERE = Path(__file__).resolve().parent
 #: modules import each other as `nvlfabric.api.kubelet.*`.
 ROOT = HERE.parents[2]
 PACKAGE = HERE.relative_to(ROOT)
-PROTOS = sorted(HERE.glob("*.proto"))
+#: Every directory of .proto files, relative to ROOT.
+PACKAGES = [PACKAGE, Path("nvlfabric/sim/cri")]
 
 
 def generate(out_root: Path) -> None:
-    """Write the generated modules under out_root/nvlfabric/api/kubelet/ (out_root = the repository root)."""
-    (out_root / PACKAGE).mkdir(parents=True, exist_ok=True)
+    """Write the generated modules under out_root/<package>/ (out_root = the repository root)."""
     include = str(Path(protoc.__file__).parent / "_proto")
-    for proto in PROTOS:
-        rel = f"{PACKAGE}/{proto.name}"
-        rc = protoc.main(["protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_root}",
-                          f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", rel])
-        if rc != 0:
-            raise SystemExit(f"protoc failed on {rel}")
+    for package in PACKAGES:
+        (out_root / package).mkdir(parents=True, exist_ok=True)
+        for proto in sorted((ROOT / package).glob("*.proto")):
+            rel = f"{package}/{proto.name}"
+            rc = protoc.main(["protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_root}",
+                              f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", rel])
+            if rc != 0:
+                raise SystemExit(f"protoc failed on {rel}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ca-file", type=Path, default=None)
     ap.add_argument("--pki-dir", type=Path, default=None,
                     help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
+    ap.add_argument("--exclude", action="append", default=[], metavar="NODE",
+                    help="a node of the racks this process does not run (a real kubelet does); repeatable")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -60,7 +62,8 @@ async def run(args: argparse.Namespace) -> None:
         assert resp.status is not None
         return str(resp.status.token)
 
-    nodes = rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
+    nodes = [n for n in rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
+             if n.name not in args.exclude]
     kubelet = SimKubelet(
         client, nodes,
         KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)

@@ -63,12 +63,11 @@ from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import pki
 from nvlfabric.sim.images import ImageProgram, image_name
-from nvlfabric.sim.kubelet import cdi, logs, probes
+from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
-from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode
-from nvlfabric.sim.nvml.topology import rack_name
+from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode, node_labels
 
 log = logging.getLogger("nvlfabric.sim.kubelet")
 
@@ -80,7 +79,7 @@ WIPING_DELAY_S = 30.0
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pod sync back-off, capped like the kubelet's (shorter here)
 RUN_SECONDS_ANNOTATION = "sim.nvlfabric.io/run-seconds"
 KUBELET_VERSION = "v1.37.2-nvlfabric-sim"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = names.GPU_RESOURCE
 PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (nvlfabric/sim/controlplane.py waits longer)
 
 
@@ -251,18 +250,12 @@ class SimKubelet:
         state.machine = subprocess.Popen([unshare, "--pid", "--fork", "--kill-child", "sleep", "infinity"],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True)
-        children = Path(f"/proc/{state.machine.pid}/task/{state.machine.pid}/children")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            pid: list[str] = []
-            with contextlib.suppress(OSError):
-                pid = children.read_text().split()
-            if pid:
-                state.pidns = f"/proc/{pid[0]}/ns/pid"
-                state.node.dir.mkdir(parents=True, exist_ok=True)
-                state.node.machine_pid_file.write_text(f"{pid[0]}\n")
-                return
-            time.sleep(0.01)
+        init = rootfs.namespace_init(state.machine.pid)
+        if init is not None:
+            state.pidns = f"/proc/{init}/ns/pid"
+            state.node.dir.mkdir(parents=True, exist_ok=True)
+            state.node.machine_pid_file.write_text(f"{init}\n")
+            return
         raise RuntimeError(f"node {state.node.name}: its PID namespace did not start (unshare --pid): simulated "
                            "nodes need root (CAP_SYS_ADMIN) for their PID and mount namespaces")
 
@@ -311,12 +304,7 @@ class SimKubelet:
     # -- node registration and heartbeats --------------------------------------------------------
 
     def _node_object(self, n: SimNode) -> Node:
-        labels = {
-            "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64",
-            "node.kubernetes.io/instance-type": "gb200-nvl72-compute-tray",
-            names.RACK_LABEL: rack_name(n.rack), "nvlfabric.io/simulated": "true",
-        }
-        return Node(metadata=ObjectMeta(name=n.name, labels=labels))
+        return Node(metadata=ObjectMeta(name=n.name, labels=node_labels(n)))
 
     def _node_status(self, n: SimNode) -> dict[str, Any]:
         t = rfc3339()

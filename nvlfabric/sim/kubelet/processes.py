@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,15 +208,17 @@ def hosts_file(pod: Pod, node: SimNode) -> str:
             f"{node.address}\t{chr(9).join(names)}\n")
 
 
-def _cdi_spec(node: SimNode, cdi: ContainerEdits | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The CDI edits' mounts and device nodes, for the container's root (host paths as the node has them)."""
+def cdi_mounts_and_devices(host_view: Callable[[str], Path], cdi: ContainerEdits | None,
+                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The CDI edits' mounts and device nodes, for the container's root (rootfs.py), with host
+    paths where `host_view` says the node has them."""
     mounts, devices = [], []
     for m in cdi.mounts if cdi else []:
-        mounts.append({"source": str(node.host_view(m.host_path)), "target": m.container_path,
+        mounts.append({"source": str(host_view(m.host_path)), "target": m.container_path,
                        "readonly": "ro" in (m.options or [])})
     for d in cdi.device_nodes if cdi else []:
         major, minor, kind = d.major, d.minor, d.type
-        if major is None and (host := node.host_view(d.host_path or d.path)).exists():
+        if major is None and (host := host_view(d.host_path or d.path)).exists():
             rdev = host.stat().st_rdev
             major, minor, kind = os.major(rdev), os.minor(rdev), kind or "c"
         if major is not None:
@@ -253,7 +255,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     # the kubelet's `$(VAR)` expansion, which knows only the spec's).
     env.update(dict(e.split("=", 1) for e in (cdi.env if cdi else []) if "=" in e))
     pod_dir.mkdir(parents=True, exist_ok=True)
-    cdi_mounts, devices = _cdi_spec(node, cdi)
+    cdi_mounts, devices = cdi_mounts_and_devices(node.host_view, cdi)
     mounts = [{"source": str(dirs[m.name] / (m.subPath or "")), "target": m.mountPath, "readonly": bool(m.readOnly)}
               for m in container.volumeMounts or [] if m.name in dirs]
     hosts = pod_dir / "etc-hosts"
