@@ -31,7 +31,7 @@ from nvlfabric.sim import faults, realnode
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
-from tests.test_e2e_agent_on_sim import domain
+from tests.test_e2e_agent_on_sim import _gone, domain
 
 pytestmark = pytest.mark.cluster
 RACK = 241
@@ -70,14 +70,6 @@ def _agent(client: Client, node: str) -> Pod:
 
 def _ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []) if pod.status)
-
-
-def _gone(client: Client, pod: str) -> bool:
-    try:
-        client.get(Pod, pod, namespace="default")
-    except ApiError as exc:
-        return exc.status.code == 404
-    return False
 
 
 def test_the_real_kubelet_registers_its_node_and_leaves_the_host_as_it_was(sim: tuple[ControlPlane, Client]) -> None:

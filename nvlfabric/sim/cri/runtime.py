@@ -416,9 +416,10 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         return cri.ListImagesResponse(images=[self._image(r) for r in self.images])
 
     async def ImageStatus(self, request: cri.ImageStatusRequest, context: Any) -> cri.ImageStatusResponse:
-        ref = request.image.image
-        known = ref in self.images or any(_image_ref(r) == ref for r in self.images)
-        return cri.ImageStatusResponse(image=self._image(ref) if known else None)
+        # Asked by the pod's reference or by the ID a pull returned (the kubelet does both).
+        asked = request.image.image
+        name = asked if asked in self.images else next((n for n, ref in self.images.items() if ref == asked), None)
+        return cri.ImageStatusResponse(image=self._image(name) if name is not None else None)
 
     async def PullImage(self, request: cri.PullImageRequest, context: Any) -> cri.PullImageResponse:
         # Every reference "pulls" at once: the image of every container here is the machine itself.

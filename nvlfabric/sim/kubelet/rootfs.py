@@ -243,6 +243,9 @@ class CriLog:
         self.out.write(b"".join(b"%s %s F %s\n" % (stamp, stream.encode(), line)
                                 for line in lines if line or not final))
 
+    def close(self) -> None:
+        self.out.close()
+
 
 def _wait(child: int) -> int:
     while True:
