@@ -50,7 +50,7 @@ import grpc.aio
 from lightkube import ApiError, AsyncClient
 from lightkube.core.generic_client import ALL_NS
 from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.core_v1 import Container, EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -63,7 +63,7 @@ from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import pki
 from nvlfabric.sim.images import ImageProgram, image_name
-from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs
+from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs, volumes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
@@ -103,6 +103,11 @@ class NodeState:
     terminated: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """(pod uid, container) → the `lastState.terminated` of its previous instance."""
     started: set[str] = field(default_factory=set)  # pod uids reported Running
+    init_done: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(pod uid, init container) → the `state.terminated` of its run that succeeded."""
+    init_failures: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(pod uid, init container) → its last failed run (`lastState.terminated`), its restarts counted."""
+    init_running: dict[str, PodProcess] = field(default_factory=dict)  # pod uid → its running init container
     health: HealthCache = field(default_factory=HealthCache)
     health_watches: dict[Path, asyncio.Task[None]] = field(default_factory=dict)  # registry socket → stream
     devices: dict[str, dict[str, dict[str, list[PreparedDevice]]]] = field(default_factory=dict)
@@ -156,6 +161,10 @@ def reserved_for(claim: ResourceClaim, pod: Pod) -> bool:
         if group and r.apiGroup == names.SCHEDULING_API_GROUP and r.resource == "podgroups" and r.name == group:
             return True
     return False
+
+
+class PodFailed(Exception):
+    """The pod failed for good (an init container failed under `restartPolicy: Never`)."""
 
 
 class PodNotReady(Exception):
@@ -653,6 +662,8 @@ class SimKubelet:
                 return
             except PodNotReady as exc:
                 await self._event(pod, exc.reason, str(exc), warning=True)
+            except PodFailed:
+                return
             except (PluginCallError, ApiError, errors.NvlfabricError, OSError) as exc:
                 await self._event(pod, "FailedSync", str(exc), warning=True)
             except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
@@ -685,9 +696,31 @@ class SimKubelet:
             claims.append(claim)
         return claims
 
+    async def _volume_files(self, pod: Pod) -> dict[str, volumes.Files]:
+        """The pod's configMap/secret/downwardAPI/projected volume files, before anything else
+        (as the kubelet mounts volumes before it prepares claims). The service-account token is
+        requested only for a pod that runs a process: nothing else would read it."""
+        assert pod.metadata is not None and pod.spec is not None
+        namespace, name, account = pod.metadata.namespace or "default", pod.metadata.name or "", \
+            pod.spec.serviceAccountName
+        runs = any(image_name(c.image or "") in self.config.images for c in pod.spec.containers)
+        token: list[str | None] = []
+
+        async def pod_token() -> str | None:
+            if not token:
+                requester = self.token_requester if runs and account else None
+                token.append(await requester(namespace, account or "", name) if requester is not None else None)
+            return token[0]
+
+        try:
+            return await volumes.contents(self.client, pod, pod_token)
+        except volumes.MountError as exc:
+            raise PodNotReady("FailedMount", f"MountVolume.SetUp failed: {exc}") from exc
+
     async def _start(self, state: NodeState, pod: Pod) -> None:
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
+        files = await self._volume_files(pod)
         claims = await self._claims(pod)
         by_driver: dict[str, list[ClaimRef]] = {}
         for claim in claims:
@@ -748,7 +781,8 @@ class SimKubelet:
             record |= {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "pod_uid": uid,
                        "container": cname, "node": state.node.name}
             path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        await self._maybe_run_process(state, pod, edits_of)
+        await self._run_init_containers(state, pod, edits_of, files)
+        await self._maybe_run_process(state, pod, edits_of, files)
         for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
             out = state.node.pod_dir(uid) / f"{container.name}.log"
             if not out.exists():  # runs nothing here: its log says so, and where its record is
@@ -763,24 +797,124 @@ class SimKubelet:
         await self._report_running(state, pod)
         state.started.add(uid)
 
-    async def _maybe_run_process(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits]) -> None:
-        """Run each container of the pod whose image maps to a local program (sidecars too), with
-        the CDI edits of its claims' devices applied (as a runtime applies them)."""
+    async def _run_init_containers(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits],
+                                   files: dict[str, volumes.Files]) -> None:
+        """The pod's init containers, in order, before its containers: each runs to completion (one
+        whose image maps to no program completes at once); a failed one is retried with back-off
+        (the earlier ones stay done), or fails the pod under `restartPolicy: Never`. A sidecar
+        (`restartPolicy: Always`) starts and runs on beside the containers from its turn on."""
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
-        token: str | None = None
+        for c in pod.spec.initContainers or []:
+            key = (uid, c.name)
+            image = image_name(c.image or "")
+            if c.restartPolicy == "Always":
+                if image in self.config.images and key not in state.processes:
+                    state.processes[key] = self._container_process(state, pod, c, edits, files)
+                    self._start_prober(state, key)
+                continue
+            if key in state.init_done:
+                continue
+            started = rfc3339()
+            if image not in self.config.images:
+                state.init_done[key] = {"exitCode": 0, "reason": "Completed", "startedAt": started,
+                                        "finishedAt": started}
+                continue
+            proc = state.init_running[uid] = self._container_process(state, pod, c, edits, files)
+            await self._write_initializing(state, pod, running=c.name, since=started)
+            try:
+                code = await asyncio.to_thread(proc.proc.wait)
+            finally:
+                state.init_running.pop(uid, None)
+            ended = {"exitCode": code if code >= 0 else 128 - code, "startedAt": started, "finishedAt": rfc3339()}
+            if code == 0:
+                state.init_done[key] = {**ended, "reason": "Completed"}
+                continue
+            message = proc.termination_message(code)
+            failure = {**ended, "reason": "Error", **({"message": message} if message else {}),
+                       "restarts": state.init_failures.get(key, {}).get("restarts", -1) + 1}
+            state.init_failures[key] = failure
+            if pod.spec.restartPolicy == "Never":
+                await self._write_initializing(state, pod, running=None, since=started, failed=True)
+                raise PodFailed(c.name)
+            await self._write_initializing(state, pod, running=None, since=started)
+            raise PodNotReady("BackOff", f"Back-off restarting failed init container {c.name} in pod "
+                                         f"{pod.metadata.name} (exit code {ended['exitCode']})")
+
+    def _init_statuses(self, state: NodeState, pod: Pod, running: str | None, since: str,
+                       failed: bool = False) -> list[dict[str, Any]]:
+        """`initContainerStatuses`: done ones terminated, the running one running, a failed one
+        waiting in back-off with its failure as lastState (terminated, once the pod failed)."""
+        assert pod.metadata is not None and pod.spec is not None
+        uid = pod.metadata.uid or ""
+        out = []
+        for c in pod.spec.initContainers or []:
+            key = (uid, c.name)
+            failure = state.init_failures.get(key)
+            status: dict[str, Any] = {"name": c.name, "image": c.image or "", "imageID": "",
+                                      "restartCount": (failure or {}).get("restarts", -1) + 1,
+                                      "containerID": f"sim://{uid}/{c.name}", "ready": False, "started": False}
+            if c.restartPolicy == "Always":
+                proc = state.processes.get(key)
+                status |= {"ready": state.ready.get(key, True), "started": True,
+                           "restartCount": proc.restarts if proc is not None else 0,
+                           "state": {"running": {"startedAt": since}}}
+                if (last := state.terminated.get(key)) is not None:
+                    status["lastState"] = {"terminated": dict(last)}
+            elif key in state.init_done:
+                status |= {"ready": True, "state": {"terminated": dict(state.init_done[key])}}
+            elif c.name == running:
+                status |= {"started": True, "state": {"running": {"startedAt": since}}}
+            else:
+                status["state"] = {"waiting": {"reason": "PodInitializing"}}
+            if failure is not None and c.restartPolicy != "Always":
+                last = {k: v for k, v in failure.items() if k != "restarts"}
+                pending = key not in state.init_done and c.name != running
+                if failed and pending:
+                    status["state"] = {"terminated": last}
+                else:
+                    status["lastState"] = {"terminated": last}
+                if pending and not failed:
+                    status["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                                   "message": f"back-off restarting failed container {c.name}"}}
+            out.append(status)
+        return out
+
+    async def _write_initializing(self, state: NodeState, pod: Pod, *, running: str | None, since: str,
+                                  failed: bool = False) -> None:
+        """The pod while its init containers run (kubectl shows `Init:<done>/<all>`), or Failed."""
+        assert pod.metadata is not None and pod.spec is not None
+        statuses = self._init_statuses(state, pod, running, since, failed)
+        waiting = [{"name": c.name, "image": c.image or "", "imageID": "", "ready": False, "restartCount": 0,
+                    "started": False, "state": {"waiting": {"reason": "PodInitializing"}}} for c in pod.spec.containers]
+        t = rfc3339()
+        condition = {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+                     "lastTransitionTime": t}
+        await self.client.patch(Pod.Status, pod.metadata.name or "", {"status": {
+            "phase": "Failed" if failed else "Pending", "hostIP": state.node.address,
+            "hostIPs": [{"ip": state.node.address}], "podIP": state.node.address,
+            "podIPs": [{"ip": state.node.address}], "startTime": since, "conditions": [condition],
+            "initContainerStatuses": statuses, "containerStatuses": waiting}}, namespace=pod.metadata.namespace)
+
+    def _container_process(self, state: NodeState, pod: Pod, container: Container,
+                           edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:
+        program = self.config.images[image_name(container.image or "")]
+        return start_pod_process(node=state.node, pod=pod, container=container, program=program,
+                                 api_server=self.config.api_server, files=files,
+                                 extra_env=self.config.hardware_env.get(state.node.name, {}),
+                                 cdi=edits.get(container.name), pidns=state.pidns)
+
+    async def _maybe_run_process(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits],
+                                 files: dict[str, volumes.Files]) -> None:
+        """Run each container of the pod whose image maps to a local program (sidecars too), with
+        its volumes' files and the CDI edits of its claims' devices applied (as a runtime applies them)."""
+        assert pod.metadata is not None and pod.spec is not None
+        uid = pod.metadata.uid or ""
         for container in pod.spec.containers:
             image = image_name(container.image or "")
             if image not in self.config.images or (uid, container.name) in state.processes:
                 continue
-            if token is None and self.token_requester is not None and pod.spec.serviceAccountName:
-                token = await self.token_requester(pod.metadata.namespace or "default",
-                                                   pod.spec.serviceAccountName, pod.metadata.name or "")
-            state.processes[(uid, container.name)] = start_pod_process(
-                node=state.node, pod=pod, container=container, program=self.config.images[image],
-                api_server=self.config.api_server, ca_file=self.config.ca_file, token=token,
-                extra_env=self.config.hardware_env.get(state.node.name, {}),
-                cdi=edits.get(container.name), pidns=state.pidns)
+            state.processes[(uid, container.name)] = self._container_process(state, pod, container, edits, files)
             self._start_prober(state, (uid, container.name))
 
     async def _report_running(self, state: NodeState, pod: Pod) -> None:
@@ -810,6 +944,7 @@ class SimKubelet:
             "podIPs": [{"ip": state.node.address}],
             "conditions": _readiness_conditions([cs["ready"] for cs in containers], []),
             "containerStatuses": containers,
+            **({"initContainerStatuses": self._init_statuses(state, pod, None, t)} if pod.spec.initContainers else {}),
         }}
         await self.client.patch(Pod.Status, pod.metadata.name or "", status, namespace=pod.metadata.namespace)
 
@@ -834,6 +969,11 @@ class SimKubelet:
     async def _terminate(self, state: NodeState, pod: Pod) -> None:
         assert pod.metadata is not None
         uid = pod.metadata.uid or ""
+        if (init := state.init_running.pop(uid, None)) is not None:
+            init.kill()
+        for done in [k for k in [*state.init_done, *state.init_failures] if k[0] == uid]:
+            state.init_done.pop(done, None)
+            state.init_failures.pop(done, None)
         keys = [k for k in state.processes if k[0] == uid]
         for key in keys:
             if (prober := state.probers.pop(key, None)) is not None:

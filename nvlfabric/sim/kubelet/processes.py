@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from lightkube.resources.core_v1 import Pod
 
 from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.sim.images import ImageProgram
+from nvlfabric.sim.kubelet import volumes
 from nvlfabric.sim.nodes import SimNode
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -161,8 +161,9 @@ def container_config(pod: Pod, node: SimNode, container: Container) -> dict[str,
             "args": [expand(a, env) for a in container.args or []], "containerEnv": env}
 
 
-def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None) -> dict[str, Path]:
-    """Volume name → directory on this node standing in for it."""
+def volume_dirs(node: SimNode, pod: Pod, files: dict[str, volumes.Files]) -> dict[str, Path]:
+    """Volume name → directory on this node standing in for it; the configMap, secret,
+    downwardAPI and projected ones hold `files` (volumes.contents)."""
     assert pod.metadata is not None and pod.spec is not None
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     out: dict[str, Path] = {}
@@ -177,21 +178,13 @@ def volume_dirs(node: SimNode, pod: Pod, token: str | None, ca_file: Path | None
                 out[vol.name] = node.host_dir(path)
             else:
                 out[vol.name] = host_paths[match] / path[len(match):].lstrip("/")
-        elif vol.projected is not None or vol.emptyDir is not None or vol.configMap is not None:
+        elif any(v is not None for v in (vol.projected, vol.emptyDir, vol.configMap, vol.secret, vol.downwardAPI)):
             out[vol.name] = pod_dir / "volumes" / vol.name
     for d in out.values():
         if not d.exists():
             d.mkdir(parents=True, exist_ok=True)  # DirectoryOrCreate; files (e.g. /proc/devices) exist
-    # The projected service-account volume the ServiceAccount admission plugin added.
-    for vol in pod.spec.volumes or []:
-        if vol.projected is not None and vol.name.startswith("kube-api-access"):
-            d = out[vol.name]
-            (d / "namespace").write_text(pod.metadata.namespace or "default")
-            if token is not None:
-                (d / "token").write_text(token)
-                (d / "token").chmod(0o600)
-            if ca_file is not None:
-                shutil.copyfile(ca_file, d / "ca.crt")
+    for name, content in files.items():
+        volumes.write(out[name], content)
     return out
 
 
@@ -228,13 +221,13 @@ def cdi_mounts_and_devices(host_view: Callable[[str], Path], cdi: ContainerEdits
 
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
-                      ca_file: Path | None, token: str | None, extra_env: dict[str, str] | None = None,
+                      files: dict[str, volumes.Files], extra_env: dict[str, str] | None = None,
                       cdi: ContainerEdits | None = None, pidns: str | None = None) -> PodProcess:
     """Start the container in a mount namespace of its own (rootfs.py): its volumes at their
     mount paths, the CDI edits of its claims applied (env, mounts, device nodes), the pod's
     /etc/hosts; its command and args as Kubernetes runs them. Nothing is rewritten."""
     assert pod.metadata is not None
-    dirs = volume_dirs(node, pod, token, ca_file)
+    dirs = volume_dirs(node, pod, files)
     api = urlparse(api_server)
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     env: dict[str, str] = {

@@ -1,0 +1,142 @@
+"""What the kubelet writes into a pod's configMap, secret, downwardAPI and projected volumes.
+
+The files a container finds in such a volume, as the kubelet materialises them: every key of the
+ConfigMap (`data` and `binaryData`) or Secret (`data`, base64-decoded) as a file named after it,
+or only the `items` listed, at their paths; downward-API files for `fieldRef`s (labels and
+annotations as `key="value"` lines, sorted); projected volumes as the union of their sources, the
+service-account token among them. File modes are `items[].mode`, else the volume's
+`defaultMode` (0644). A missing ConfigMap or Secret fails the pod's start (`FailedMount`), unless
+the volume says `optional: true`, as on a real node. Written once, when the container starts:
+later changes to the ConfigMap do not reach a running pod here (the real kubelet syncs them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+
+DEFAULT_MODE = 0o644
+
+
+class MountError(Exception):
+    """A volume's source is missing; the message is the kubelet's FailedMount event text."""
+
+
+@dataclass
+class File:
+    data: bytes
+    mode: int
+
+
+Files = dict[str, File]  # path in the volume → content
+
+
+def _keyed(data: dict[str, bytes], items: Any, default_mode: int) -> Files:
+    if not items:
+        return {key: File(value, default_mode) for key, value in sorted(data.items())}
+    out: Files = {}
+    for item in items:
+        if item.key in data:
+            out[item.path] = File(data[item.key], item.mode if item.mode is not None else default_mode)
+        else:  # a listed key the object lacks is an error even for an optional source, as the kubelet has it
+            raise MountError(f'configmap/secret references non-existent key "{item.key}"')
+    return out
+
+
+async def _config_map(client: AsyncClient, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+    try:
+        cm = await client.get(ConfigMap, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            if optional:
+                return None
+            raise MountError(f'configmap "{name}" not found') from exc
+        raise
+    data = {k: v.encode() for k, v in (cm.data or {}).items()}
+    data.update({k: base64.b64decode(v) for k, v in (cm.binaryData or {}).items()})
+    return data
+
+
+async def _secret(client: AsyncClient, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+    try:
+        secret = await client.get(Secret, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            if optional:
+                return None
+            raise MountError(f'secret "{name}" not found') from exc
+        raise
+    return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+
+def _field(pod: Pod, path: str) -> str:
+    """A downward-API file's content for `fieldRef.fieldPath`."""
+    assert pod.metadata is not None
+    meta = pod.metadata
+    if path in ("metadata.labels", "metadata.annotations"):
+        values = (meta.labels if path.endswith("labels") else meta.annotations) or {}
+        return "\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items()))
+    for prefix, found in (("metadata.labels", meta.labels), ("metadata.annotations", meta.annotations)):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            return str((found or {}).get(path[len(prefix) + 2:-2], ""))
+    return {"metadata.name": meta.name, "metadata.namespace": meta.namespace, "metadata.uid": meta.uid}.get(path) or ""
+
+
+def _downward(pod: Pod, items: Any, default_mode: int) -> Files:
+    return {item.path: File(_field(pod, item.fieldRef.fieldPath).encode(),
+                            item.mode if item.mode is not None else default_mode)
+            for item in items or [] if item.fieldRef is not None}
+
+
+async def contents(client: AsyncClient, pod: Pod, token: Callable[[], Awaitable[str | None]]) -> dict[str, Files]:
+    """Volume name → its files, for each configMap, secret, downwardAPI and projected volume.
+    `token` gives the pod's service-account token (asked only if a projected volume needs one)."""
+    assert pod.metadata is not None and pod.spec is not None
+    namespace = pod.metadata.namespace or "default"
+    out: dict[str, Files] = {}
+    for vol in pod.spec.volumes or []:
+        if vol.configMap is not None:
+            mode = vol.configMap.defaultMode if vol.configMap.defaultMode is not None else DEFAULT_MODE
+            data = await _config_map(client, vol.configMap.name or "", namespace, bool(vol.configMap.optional))
+            out[vol.name] = _keyed(data or {}, vol.configMap.items, mode)
+        elif vol.secret is not None:
+            mode = vol.secret.defaultMode if vol.secret.defaultMode is not None else DEFAULT_MODE
+            data = await _secret(client, vol.secret.secretName or "", namespace, bool(vol.secret.optional))
+            out[vol.name] = _keyed(data or {}, vol.secret.items, mode)
+        elif vol.downwardAPI is not None:
+            mode = vol.downwardAPI.defaultMode if vol.downwardAPI.defaultMode is not None else DEFAULT_MODE
+            out[vol.name] = _downward(pod, vol.downwardAPI.items, mode)
+        elif vol.projected is not None:
+            mode = vol.projected.defaultMode if vol.projected.defaultMode is not None else DEFAULT_MODE
+            files: Files = {}
+            for source in vol.projected.sources or []:
+                if source.configMap is not None:
+                    data = await _config_map(client, source.configMap.name or "", namespace,
+                                             bool(source.configMap.optional))
+                    files.update(_keyed(data or {}, source.configMap.items, mode))
+                elif source.secret is not None:
+                    data = await _secret(client, source.secret.name or "", namespace, bool(source.secret.optional))
+                    files.update(_keyed(data or {}, source.secret.items, mode))
+                elif source.downwardAPI is not None:
+                    files.update(_downward(pod, source.downwardAPI.items, mode))
+                elif source.serviceAccountToken is not None and (value := await token()) is not None:
+                    # 0600 unless the volume says otherwise: a token is a credential.
+                    files[source.serviceAccountToken.path] = File(
+                        value.encode(), vol.projected.defaultMode if vol.projected.defaultMode is not None else 0o600)
+            out[vol.name] = files
+    return out
+
+
+def write(directory: Path, files: Files) -> None:
+    for rel, f in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f.data)
+        path.chmod(f.mode)
