@@ -65,15 +65,15 @@ def say(msg: str) -> None:
     print(f"[bench real_kubelet] {msg}", flush=True)
 
 
-def ready(pod: Pod) -> bool:
-    return pod.status is not None and any(c.type == "Ready" and c.status == "True"
+def ready(pod: Pod | None) -> bool:
+    return pod is not None and pod.status is not None and any(c.type == "Ready" and c.status == "True"
                                           for c in pod.status.conditions or [])
 
 
-def agent(client: Client, node: str) -> Pod:
-    return next(p for p in client.list(Pod, namespace="nvlfabric-system",
-                                       labels={"app.kubernetes.io/name": "nvlfabric-agent"})
-                if p.spec is not None and p.spec.nodeName == node)
+def agent(client: Client, node: str) -> Pod | None:
+    return next((p for p in client.list(Pod, namespace="nvlfabric-system",
+                                        labels={"app.kubernetes.io/name": "nvlfabric-agent"})
+                 if p.spec is not None and p.spec.nodeName == node), None)
 
 
 def rss_mb(pid: int) -> float:
@@ -165,7 +165,7 @@ def main() -> int:
         t0 = time.monotonic()
         say(faults.inject(state, real_node, "agent-killed"))
         eventually("the agent to be restarted and Ready", lambda: (
-            (p := agent(client, real)).status is not None
+            (p := agent(client, real)) is not None and p.status is not None
             and [c.restartCount for c in p.status.containerStatuses or []] == [1] and ready(p)), timeout=180)
         results["real_agent_restart_s"] = round(time.monotonic() - t0, 2)
     finally:
