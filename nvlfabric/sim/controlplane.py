@@ -390,7 +390,7 @@ class ControlPlane:
                 *(f"--exclude={n.name}" for n in real),
             ])
         for node, address in zip(real, realnode.node_addresses(len(real)), strict=True):
-            self._start_real_node(tools, state, realnode.RealNode(node=node, address=address))
+            self._start_real_node(tools, state, realnode.RealNode(node=node, address=address), built["nvlfabric-shim"])
         names = {n.name for n in nodes}
         last = [-1]
 
@@ -403,7 +403,7 @@ class ControlPlane:
 
         self._wait(state, f"{len(names)} simulated nodes to be Ready and schedulable", all_ready)
 
-    def _start_real_node(self, tools: Tools, state: State, real: realnode.RealNode) -> None:
+    def _start_real_node(self, tools: Tools, state: State, real: realnode.RealNode, shim: Path) -> None:
         """The node's machine (a PID namespace, its first process reaping orphans), then the node
         itself in it: the CRI stand-in and the real kubelet (nvlfabric/sim/realnode.py)."""
         name = real.node.name
@@ -415,7 +415,7 @@ class ControlPlane:
             raise ControlPlaneError(f"node {name}: its PID namespace did not start (unshare --pid): a real-kubelet "
                                     "node needs root (CAP_SYS_ADMIN) for its PID and mount namespaces")
         real.node.machine_pid_file.write_text(f"{init}\n")
-        spec = realnode.prepare(real, pki_dir=self.state_dir / "pki", kubelet=tools.binary("kubelet"),
+        spec = realnode.prepare(real, pki_dir=self.state_dir / "pki", kubelet=tools.binary("kubelet"), shim=shim,
                                 server=self.server, images=self.images, labels=realnode.labels(real.node),
                                 hardware_env=hardware.node_env(self.state_dir, real.node), pidns=f"/proc/{init}/ns/pid")
         self._launch(state, f"kubelet-{name}", [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec)])

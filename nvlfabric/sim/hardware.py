@@ -26,7 +26,7 @@ from nvlfabric.sim.nvml import faults, topology
 
 #: Stand-in → the files its Makefile builds; the C sources ship inside the package (package data).
 STANDINS = {"nvml": ["libnvidia-ml.so.1"], "imex": ["nvidia-imex", "nvidia-imex-ctl"],
-             "gpu": ["nvidia-smi", "libcuda.so.1"]}
+             "gpu": ["nvidia-smi", "libcuda.so.1"], "shim": ["nvlfabric-shim"]}
 SOURCES = Path(__file__).resolve().parent
 DRIVER_ROOT_PATHS = {"libnvidia-ml.so.1": "usr/lib64", "nvidia-imex": "usr/bin", "nvidia-imex-ctl": "usr/bin",
                      "nvidia-smi": "usr/bin"}

@@ -152,7 +152,7 @@ def _gpu_devices(node: SimNode) -> list[dict[str, Any]]:
     return out
 
 
-def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, server: str, images: dict[str, ImageProgram],
+def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, shim: Path, server: str, images: dict[str, ImageProgram],
             hardware_env: dict[str, str], labels: dict[str, str], pidns: str) -> Path:
     """Write everything the node's machine needs; returns the machine's spec (for rootfs.py)."""
     node = real.node
@@ -182,7 +182,7 @@ def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, server: str, images
         node=node.name,
         runtime=RuntimeSettings(socket=real.cri_socket, work_dir=real.dir / "runtime", records_dir=node.containers_dir,
                                 cdi_dirs=[Path("/etc/cdi"), Path("/var/run/cdi")], images=images, env=hardware_env,
-                                pod_ip=real.address,
+                                pod_ip=real.address, shim=shim,
                                 service_env={"KUBERNETES_SERVICE_HOST": api[0], "KUBERNETES_SERVICE_PORT": api[1]}),
         kubelet_argv=[str(kubelet), f"--config={real.dir / 'kubelet-config.yaml'}",
                       f"--kubeconfig={real.dir / 'kubeconfig'}", "--root-dir=/var/lib/kubelet",
@@ -194,7 +194,8 @@ def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, server: str, images
     spec = {"root": str(real.dir / "root"), "mounts": mounts, "devices": [KMSG, *_gpu_devices(node)], "hosts": None,
             "cwd": "/", "argv": [sys.executable, "-m", "nvlfabric.sim.cri.machine",
                                  str(real.dir / "machine-settings.json")],
-            "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, "pidns": pidns, "pid_file": str(real.dir / "machine.pid")}
+            "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, "pidns": pidns, "pid_file": str(real.dir / "machine.pid"),
+            "shim": str(shim)}
     (real.dir / "root").mkdir(exist_ok=True)
     real.machine_spec.write_text(json.dumps(spec, indent=1))
     return real.machine_spec

@@ -5,32 +5,51 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvlfabric.sim import realnode
+from nvlfabric.sim import hardware, realnode
 from nvlfabric.sim.cri import runtime_v1_pb2 as cri
 from nvlfabric.sim.cri import runtime_v1_pb2_grpc as cri_grpc
 from nvlfabric.sim.cri.runtime import IMAGE_SIZE_BYTES, RuntimeSettings, serve
-from nvlfabric.sim.kubelet.rootfs import CriLog
 
-
-@given(st.lists(st.tuples(st.sampled_from(["stdout", "stderr"]), st.binary(max_size=40)), max_size=12))
-def test_the_cri_log_holds_every_line_in_order_tagged_with_its_stream(tmp_path_factory: pytest.TempPathFactory,
-                                                                   chunks: list[tuple[str, bytes]]) -> None:
-    path = tmp_path_factory.mktemp("log") / "0.log"
-    log = CriLog(str(path))
+SHIM = hardware.build_standins()["nvlfabric-shim"]
+#: A container as rootfs.py leaves it to the shim: its output on two pipes, the shim exec'd in the
+#: parent's place with the child's pid and the pipes' ends.
+CONTAINER = """
+import os, sys, time
+chunks, shim, log = eval(sys.argv[1]), sys.argv[2], sys.argv[3]
+pipes = {"stdout": os.pipe(), "stderr": os.pipe()}
+child = os.fork()
+if child == 0:
+    for fd, (_, w) in zip((1, 2), pipes.values()):
+        os.dup2(w, fd)
     for stream, data in chunks:
-        log.feed(stream, data)
-    for stream in ("stdout", "stderr"):
-        log.feed(stream, b"", final=True)
-    log.close()
-    written = path.read_bytes().split(b"\n")[:-1]
+        os.write(1 if stream == "stdout" else 2, data)
+        time.sleep(0.001)
+    os._exit(3)
+for r, w in pipes.values():
+    os.close(w)
+    os.set_inheritable(r, True)
+os.execv(shim, [shim, str(child), log, *(str(r) for r, _ in pipes.values())])
+"""
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["stdout", "stderr"]), st.binary(max_size=40)), max_size=12))
+def test_the_shims_cri_log_holds_every_line_in_order_tagged_with_its_stream(
+        tmp_path_factory: pytest.TempPathFactory, chunks: list[tuple[str, bytes]]) -> None:
+    path = tmp_path_factory.mktemp("log") / "0.log"
+    done = subprocess.run([sys.executable, "-c", CONTAINER, repr(chunks), str(SHIM), str(path)], timeout=30)
+    assert done.returncode == 3  # the container's status, through the shim
+    written = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
     for stream in ("stdout", "stderr"):
         text = b"".join(d for s, d in chunks if s == stream)
         expected = text.split(b"\n")
@@ -62,7 +81,7 @@ def with_runtime(tmp_path: Path, body: Callable[[Stubs], Awaitable[None]]) -> No
         cdi_dir.mkdir()
         settings = RuntimeSettings(socket=tmp_path / "cri.sock", work_dir=tmp_path / "work",
                                    records_dir=tmp_path / "rec", cdi_dirs=[cdi_dir], images={}, env={},
-                                   pod_ip="192.0.2.9")
+                                   pod_ip="192.0.2.9", shim=SHIM)
         server, runtime = await serve(settings)
         channel = grpc.aio.insecure_channel(f"unix://{settings.socket}")
         try:
@@ -113,7 +132,8 @@ async def _unmapped(stubs: Stubs) -> None:
     sandbox = (await runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=_sandbox_config(tmp_path)))).pod_sandbox_id
     config = cri.ContainerConfig(metadata=cri.ContainerMetadata(name="w"),
                                  image=cri.ImageSpec(image=ref, user_specified_image="busybox:1"), log_path="w/0.log")
-    cid = (await runtime.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=sandbox, config=config))).container_id
+    created = await runtime.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=sandbox, config=config))
+    cid = created.container_id
     await runtime.StartContainer(cri.StartContainerRequest(container_id=cid))
     status = (await runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=cid))).status
     assert status.state == cri.CONTAINER_RUNNING

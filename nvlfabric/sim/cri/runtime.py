@@ -67,6 +67,8 @@ class RuntimeSettings(BaseModel):
     """Environment every container gets under the kubelet's: the image's, and the node's hardware
     identity (the NVML stand-in's node), which a real node's containers get from its devices."""
     pod_ip: str
+    shim: Path
+    """The containers' shim (nvlfabric/sim/shim), which writes their CRI logs."""
     service_env: dict[str, str] = {}
     """Set over what the kubelet gives: KUBERNETES_SERVICE_HOST/PORT as the API server's real
     address. No kube-proxy runs, so the `kubernetes` Service's cluster IP leads nowhere; this is
@@ -266,7 +268,7 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         work.mkdir(parents=True, exist_ok=True)
         spec = {"root": str(work / "rootfs"), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": None,
                 "cwd": config.working_dir or "/", "argv": argv, "env": c.env, "pidns": None,
-                "pid_file": str(work / "container.pid"), "cri_log": str(c.log_path)}
+                "pid_file": str(work / "container.pid"), "cri_log": str(c.log_path), "shim": str(self.s.shim)}
         (work / "rootfs").mkdir(exist_ok=True)
         path = work / "container.json"
         path.write_text(json.dumps(spec, indent=1))

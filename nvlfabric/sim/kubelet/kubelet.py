@@ -61,7 +61,7 @@ from nvlfabric.api import errors, names
 from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
-from nvlfabric.sim import pki
+from nvlfabric.sim import hardware, pki
 from nvlfabric.sim.images import ImageProgram, image_name
 from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs, volumes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
@@ -186,6 +186,8 @@ class KubeletConfig:
     ca_file: Path | None = None
     hardware_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node name → environment giving a local process that node's hardware identity (NVML)."""
+    shim: Path | None = None
+    """The containers' shim (nvlfabric/sim/shim; hardware.build_standins builds it); None: built here."""
     pki_dir: Path | None = None
     """The cluster's CA (ca.crt, ca.key): each node's kubelet API is served with a certificate it
     signs, for `kubectl logs`. None: no kubelet API."""
@@ -255,8 +257,11 @@ class SimKubelet:
         (the namespace lives as long as it does; orphans of the node's containers are re-parented
         to it). Its host pid is the forked child of unshare."""
         unshare = shutil.which("unshare") or "unshare"
+        # The machine dies with this process, however it ends (setpriv --pdeathsig): were this
+        # kubelet killed, its nodes' namespaces (and whatever runs in them) would live on.
         # (No pipe of ours inherited: a reader of our output must see its end when we exit.)
-        state.machine = subprocess.Popen([unshare, "--pid", "--fork", "--kill-child", "sleep", "infinity"],
+        state.machine = subprocess.Popen([shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL", unshare,
+                                          "--pid", "--fork", "--kill-child", "sleep", "infinity"],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True)
         init = rootfs.namespace_init(state.machine.pid)
@@ -899,8 +904,10 @@ class SimKubelet:
     def _container_process(self, state: NodeState, pod: Pod, container: Container,
                            edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:
         program = self.config.images[image_name(container.image or "")]
+        if self.config.shim is None:
+            self.config.shim = hardware.build_standins()["nvlfabric-shim"]
         return start_pod_process(node=state.node, pod=pod, container=container, program=program,
-                                 api_server=self.config.api_server, files=files,
+                                 api_server=self.config.api_server, files=files, shim=self.config.shim,
                                  extra_env=self.config.hardware_env.get(state.node.name, {}),
                                  cdi=edits.get(container.name), pidns=state.pidns)
 

@@ -221,7 +221,7 @@ def cdi_mounts_and_devices(host_view: Callable[[str], Path], cdi: ContainerEdits
 
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
-                      files: dict[str, volumes.Files], extra_env: dict[str, str] | None = None,
+                      files: dict[str, volumes.Files], shim: Path, extra_env: dict[str, str] | None = None,
                       cdi: ContainerEdits | None = None, pidns: str | None = None) -> PodProcess:
     """Start the container in a mount namespace of its own (rootfs.py): its volumes at their
     mount paths, the CDI edits of its claims applied (env, mounts, device nodes), the pod's
@@ -257,7 +257,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     root.mkdir(parents=True, exist_ok=True)
     spec = {"root": str(root), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
-            "pid_file": str(pod_dir / f"{container.name}.pid")}
+            "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim)}
     spec_path = pod_dir / f"{container.name}.container.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]

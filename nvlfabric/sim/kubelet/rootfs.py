@@ -3,12 +3,15 @@
 `python -m nvlfabric.sim.kubelet.rootfs SPEC`, started by the simulated kubelet, enters the
 node's PID namespace (`spec.pidns`: each simulated node is a machine of its own, whose /proc shows
 its processes only; `--init` is that namespace's first process, which reaps orphans), forks the
-container there and stays as its proxy (it forwards signals, writes the container's pid to
-`spec.pid_file`, and exits with its status). With `spec.cri_log` it is also the container's log
-writer, as a runtime's shim is: the container's stdout and stderr become lines of the CRI log
-format (`<RFC 3339 time> stdout|stderr F <line>`) in that file, which the real kubelet reads for
-`kubectl logs`; without it they are the proxy's own, a plain log. The container takes a mount namespace of its own
-(every mount below exists in it only), builds its root and becomes the container's program:
+container there, writes the container's pid to `spec.pid_file`, and becomes its shim: it execs
+`spec.shim` (nvlfabric/sim/shim, C, a few hundred kB where this interpreter is 14 MB), which
+forwards signals and exits with the container's status. With `spec.cri_log` the shim is also the
+container's log writer, as a runtime's shim is: the container's stdout and stderr become lines
+of the CRI log format (`<RFC 3339 time> stdout|stderr F <line>`) in that file, which the real
+kubelet reads for `kubectl logs`; without it they are the proxy's own, a plain log.
+
+The container takes a mount namespace of its own (every mount below exists in it only), builds
+its root and becomes the container's program:
 
 - the root is a tmpfs at `spec.root` holding the machine's own top-level entries, each bound in
   (the "image" of every simulated container is this machine's file system); `/proc` is a procfs
@@ -31,10 +34,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import datetime
 import json
 import os
-import selectors
 import shutil
 import signal
 import stat
@@ -229,63 +230,6 @@ def _init() -> int:
             signal.pause()
 
 
-class CriLog:
-    """Lines of a container's stdout and stderr, written in the CRI log format as they complete."""
-
-    def __init__(self, path: str) -> None:
-        self.out = open(path, "ab", buffering=0)  # noqa: SIM115 (open as long as the proxy runs)
-        self.pending: dict[str, bytes] = {"stdout": b"", "stderr": b""}
-
-    def feed(self, stream: str, data: bytes, *, final: bool = False) -> None:
-        lines = (self.pending[stream] + data).split(b"\n")
-        self.pending[stream] = b"" if final else lines.pop()
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
-        self.out.write(b"".join(b"%s %s F %s\n" % (stamp, stream.encode(), line)
-                                for line in lines if line or not final))
-
-    def close(self) -> None:
-        self.out.close()
-
-
-def _wait(child: int) -> int:
-    while True:
-        try:
-            return os.waitpid(child, 0)[1]
-        except InterruptedError:
-            continue
-
-
-def _wait_logging(child: int, pipes: dict[int, str], log: CriLog) -> int:
-    """Copy the container's output into its log until it exits. Not until the pipes' end: what
-    the container started and left running (an IMEX daemon) may hold them open for good."""
-    sel = selectors.DefaultSelector()
-    for fd, stream in pipes.items():
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ, stream)
-
-    def drain(fd: int, stream: str) -> None:
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            if not data:
-                sel.unregister(fd)
-                return
-            log.feed(stream, data)
-
-    while True:
-        for key, _ in sel.select(timeout=0.2):
-            drain(int(key.fd), str(key.data))
-        pid, status = os.waitpid(child, os.WNOHANG)
-        if pid == child:
-            for fd, stream in pipes.items():
-                if fd in sel.get_map():
-                    drain(fd, stream)
-                log.feed(stream, b"", final=True)
-            return status
-
-
 def namespace_init(unshare_pid: int, timeout_s: float = 5.0) -> int | None:
     """The host pid of the first process of the PID namespace `unshare --pid --fork` (pid
     `unshare_pid`) made: its one child. None if it did not start within `timeout_s`."""
@@ -318,17 +262,18 @@ def main(argv: list[str]) -> int:
             os.close(read)
             os.close(write)
         os._exit(_container(spec))
-    if spec.get("pid_file"):
-        Path(spec["pid_file"]).write_text(f"{child}\n")  # the container itself, for kill -9 from outside
+    # Signals that come before the shim runs are the container's too.
     for sig in FORWARDED:
         signal.signal(sig, lambda n, _f: os.kill(child, n))
+    if spec.get("pid_file"):
+        Path(spec["pid_file"]).write_text(f"{child}\n")  # the container itself, for kill -9 from outside
+    argv = [spec["shim"], str(child)]
     if pipes:
-        for _, write in pipes.values():
+        for read, write in pipes.values():
             os.close(write)
-        status = _wait_logging(child, {read: stream for stream, (read, _) in pipes.items()}, CriLog(spec["cri_log"]))
-    else:
-        status = _wait(child)
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            os.set_inheritable(read, True)
+        argv += [spec["cri_log"], *(str(read) for read, _ in pipes.values())]
+    os.execv(spec["shim"], argv)
 
 
 if __name__ == "__main__":
