@@ -208,6 +208,7 @@ class SimKubelet:
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[asyncio.Server] = []
         self._stopping = asyncio.Event()
+        self._sources = volumes.Sources(client)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -571,34 +572,53 @@ class SimKubelet:
             if not alive:
                 await kill(found["liveness"])
 
-        try:
-            if (startup := found.get("startup")) is not None:
-                started = probes.Counter(passing=False)
-                counted = probes.Counter(passing=True)  # its failures count towards the kill
-                await asyncio.sleep(startup.initial_delay_s)
-                while proc.proc.poll() is None:
-                    ok = await once(startup)
-                    if started.observe(ok, startup):
-                        break
-                    if counted.observe(ok, startup) is False:
-                        await kill(startup)
-                        return
-                    await asyncio.sleep(startup.period_s)
-                if "readiness" not in found:
-                    await readiness_changed(True)
-            loops = []
-            if (readiness := found.get("readiness")) is not None:
-                loops.append(loop(readiness, probes.Counter(passing=False), readiness_changed))
-            if (liveness := found.get("liveness")) is not None:
-                loops.append(loop(liveness, probes.Counter(passing=True), liveness_changed))
-            await asyncio.gather(*loops)
-        except Exception:  # a bug of ours must not take the kubelet down: say it
-            log.exception("probing container %s of pod %s failed", proc.container.name, proc.pod_name)
+        while proc.proc.poll() is None:
+            try:
+                await self._probe_once(proc, found, once, kill, loop, readiness_changed, liveness_changed)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A probe must outlive what breaks it (an API write timing out on a loaded node: the
+                # container would never be Ready): say it, and probe afresh, from the startup probe.
+                log.exception("probing container %s of pod %s failed; probing it again in 1 s",
+                              proc.container.name, proc.pod_name)
+                await asyncio.sleep(1)
+
+    @staticmethod
+    async def _probe_once(proc: PodProcess, found: dict[str, probes.Probe], once: Callable[[probes.Probe], Any],
+                          kill: Callable[[probes.Probe], Any], loop: Callable[..., Any],
+                          readiness_changed: Callable[[bool], Any], liveness_changed: Callable[[bool], Any]) -> None:
+        """The container's probes as the kubelet runs them: startup first, then readiness and liveness."""
+        if (startup := found.get("startup")) is not None:
+            started = probes.Counter(passing=False)
+            counted = probes.Counter(passing=True)  # its failures count towards the kill
+            await asyncio.sleep(startup.initial_delay_s)
+            while proc.proc.poll() is None:
+                ok = await once(startup)
+                if started.observe(ok, startup):
+                    break
+                if counted.observe(ok, startup) is False:
+                    await kill(startup)
+                    return
+                await asyncio.sleep(startup.period_s)
+            if "readiness" not in found:
+                await readiness_changed(True)
+        loops = []
+        if (readiness := found.get("readiness")) is not None:
+            loops.append(loop(readiness, probes.Counter(passing=False), readiness_changed))
+        if (liveness := found.get("liveness")) is not None:
+            loops.append(loop(liveness, probes.Counter(passing=True), liveness_changed))
+        await asyncio.gather(*loops)
 
     async def _pod_event(self, proc: PodProcess, reason: str, message: str, *, warning: bool) -> None:
-        with contextlib.suppress(ApiError, errors.NvlfabricError):
+        """Best effort, as the kubelet's event recorder: an event lost to a busy API server must not
+        stop what reported it (a prober)."""
+        try:
             pod = await self.client.get(Pod, proc.pod_name, namespace=proc.namespace)
             await self._event(pod, reason, message, warning=warning)
+        except Exception as exc:  # transport errors (pool, read timeouts) as well as API ones
+            log.info("pod %s/%s: event %s not written (%s)", proc.namespace, proc.pod_name, reason, exc)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -718,7 +738,7 @@ class SimKubelet:
             return token[0]
 
         try:
-            return await volumes.contents(self.client, pod, pod_token)
+            return await volumes.contents(self._sources, pod, pod_token)
         except volumes.MountError as exc:
             raise PodNotReady("FailedMount", f"MountVolume.SetUp failed: {exc}") from exc
 

@@ -12,8 +12,10 @@ later changes to the ConfigMap do not reach a running pod here (the real kubelet
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +52,32 @@ def _keyed(data: dict[str, bytes], items: Any, default_mode: int) -> Files:
     return out
 
 
-async def _config_map(client: AsyncClient, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+class Sources:
+    """The ConfigMaps and Secrets volumes read, each kept for `ttl_s`: the kubelet reads them
+    through a cache too, and a DaemonSet rolling out on 144 nodes would otherwise read the same
+    `kube-root-ca.crt` 144 times at once from one client's connection pool."""
+
+    def __init__(self, client: AsyncClient, ttl_s: float = 1.0) -> None:
+        self.client, self.ttl_s = client, ttl_s
+        self._seen: dict[tuple[type, str, str], tuple[float, Any]] = {}
+        self._pending: dict[tuple[type, str, str], asyncio.Task[Any]] = {}
+
+    async def get(self, kind: type[ConfigMap] | type[Secret], name: str, namespace: str) -> Any:
+        key = (kind, namespace, name)
+        if (hit := self._seen.get(key)) is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        task = self._pending.get(key)
+        if task is None:  # one read for all who ask at once
+            task = self._pending[key] = asyncio.create_task(self.client.get(kind, name, namespace=namespace))
+            task.add_done_callback(lambda _t: self._pending.pop(key, None))
+        obj = await asyncio.shield(task)
+        self._seen[key] = (time.monotonic(), obj)
+        return obj
+
+
+async def _config_map(client: Sources, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
     try:
-        cm = await client.get(ConfigMap, name, namespace=namespace)
+        cm = await client.get(ConfigMap, name, namespace)
     except ApiError as exc:
         if exc.status.code == 404:
             if optional:
@@ -64,9 +89,9 @@ async def _config_map(client: AsyncClient, name: str, namespace: str, optional: 
     return data
 
 
-async def _secret(client: AsyncClient, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+async def _secret(client: Sources, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
     try:
-        secret = await client.get(Secret, name, namespace=namespace)
+        secret = await client.get(Secret, name, namespace)
     except ApiError as exc:
         if exc.status.code == 404:
             if optional:
@@ -95,7 +120,7 @@ def _downward(pod: Pod, items: Any, default_mode: int) -> Files:
             for item in items or [] if item.fieldRef is not None}
 
 
-async def contents(client: AsyncClient, pod: Pod, token: Callable[[], Awaitable[str | None]]) -> dict[str, Files]:
+async def contents(client: Sources, pod: Pod, token: Callable[[], Awaitable[str | None]]) -> dict[str, Files]:
     """Volume name → its files, for each configMap, secret, downwardAPI and projected volume.
     `token` gives the pod's service-account token (asked only if a projected volume needs one)."""
     assert pod.metadata is not None and pod.spec is not None
