@@ -78,7 +78,8 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
         boot_id = checkpoint.read_boot_id(args.boot_id)
     except checkpoint.BootIdError:
         boot_id = ""  # the driver reports it; GPUs lost before a restart of the agent go unnoticed
-    monitor = fabrichealth.Monitor(client, args.node_name, reader=lambda: fabrichealth.read(args.driver_root),
+    nvml = discovery.Session(args.driver_root)  # open for the agent's life: see Session
+    monitor = fabrichealth.Monitor(client, args.node_name, reader=lambda: fabrichealth.read(nvml),
                                    known=fabrichealth.KnownGpus(args.kubelet_root / "plugins" / DRIVER / "gpus.json",
                                                                 boot_id),
                                    relabel=lambda fresh: label_node(client, args.node_name, fresh))

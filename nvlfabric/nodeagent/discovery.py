@@ -15,6 +15,7 @@ never raised: a node without a ready fabric is a condition to report, not a cras
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import uuid
 from pathlib import Path
@@ -112,13 +113,48 @@ def _fabric(handle: Any) -> GpuFabric:
                      state=FABRIC_STATES.get(old.state, f"Unknown({old.state})"), status=old.status)
 
 
+class Session:
+    """NVML kept initialised between readings. nvmlInit is the expensive part (the driver sets
+    up its state for the process; the stand-in re-reads the cluster's topology), and the fabric
+    monitor reads every second: a reading is then a few queries, which see the GPUs' state as it
+    is now. A failed query closes the session, so the next reading initialises NVML afresh (a
+    driver reloaded under the agent shows as errors first)."""
+
+    def __init__(self, driver_root: Path | None = None) -> None:
+        self.driver_root = driver_root
+        self._open = False
+
+    def read(self) -> NodeDiscovery:
+        if not self._open:
+            load_library(self.driver_root)
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as exc:
+                raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
+            self._open = True
+        try:
+            return _query()
+        except NvmlUnavailable:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+
+
 def discover(driver_root: Path | None = None) -> NodeDiscovery:
     """Everything the agent needs to know about this node's GPUs and fabric, read once."""
-    load_library(driver_root)
+    session = Session(driver_root)
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
+        return session.read()
+    finally:
+        session.close()
+
+
+def _query() -> NodeDiscovery:
     try:
         node = NodeDiscovery(driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
                              cuda_driver_version=pynvml.nvmlSystemGetCudaDriverVersion())
@@ -132,8 +168,6 @@ def discover(driver_root: Path | None = None) -> NodeDiscovery:
                 compute_capability=f"{major}.{minor}", fabric=_fabric(h)))
     except pynvml.NVMLError as exc:
         raise NvmlUnavailable(f"NVML query failed: {exc}") from exc
-    finally:
-        pynvml.nvmlShutdown()
     node.clique, node.reason = clique_of(node.gpus)
     node.fabric_ready = node.clique is not None
     return node

@@ -146,10 +146,10 @@ def judge(found: NodeDiscovery, nvml_error: str, known: Mapping[str, int]) -> Ve
     return Verdict(True, REGISTERED, f"NVLink clique {found.clique}, {len(found.gpus)} GPUs healthy")
 
 
-def read(driver_root: Path | None) -> tuple[NodeDiscovery, str]:
+def read(session: discovery.Session) -> tuple[NodeDiscovery, str]:
     """One NVML reading: the discovery and '' or, when NVML cannot be read, an empty discovery and why."""
     try:
-        return discovery.discover(driver_root), ""
+        return session.read(), ""
     except discovery.NvmlUnavailable as exc:
         return NodeDiscovery(reason=str(exc)), str(exc)
 

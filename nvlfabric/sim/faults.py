@@ -56,7 +56,7 @@ def inject(state_dir: Path, node: SimNode, fault: str, gpus: list[int] | None = 
             raise FaultError("gpu-missing needs --gpu INDEX (0-3)")
         nvml_faults.write_faults(path, nvml_faults.gpu_missing(*gpus))
     elif fault == "nvml-error":
-        nvml_faults.write_faults(path, nvml_faults.init_error(NvmlReturn.DRIVER_NOT_LOADED))
+        nvml_faults.write_faults(path, nvml_faults.driver_gone(NvmlReturn.DRIVER_NOT_LOADED))
     elif fault == "agent-killed":
         return _kill_agents(node)
     elif fault == "clear":

@@ -202,6 +202,12 @@ def init_error(code: NvmlReturn = NvmlReturn.DRIVER_NOT_LOADED) -> NodeFaults:
     return NodeFaults(init=code)
 
 
+def driver_gone(code: NvmlReturn = NvmlReturn.DRIVER_NOT_LOADED) -> NodeFaults:
+    """The driver went away under running processes: every call fails with `code`, nvmlInit too
+    (a process that keeps NVML initialised sees it on its next query, as on a real node)."""
+    return NodeFaults(init=code, all_calls=code)
+
+
 def call_error(name: str, code: NvmlReturn = NvmlReturn.UNKNOWN) -> NodeFaults:
     """The named call (base name, e.g. nvmlDeviceGetUUID) fails with `code`."""
     return NodeFaults(calls={name: code})
