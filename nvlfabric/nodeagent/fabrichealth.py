@@ -2,8 +2,8 @@
 within seconds.
 
 The resync (--resync-seconds, 30 s) keeps the clique label and housekeeping; health has a loop of
-its own because a degraded fabric must show within 5 s: NVML is read every `POLL_S` (a discovery
-costs ~0.3 ms of CPU on the stand-in; 72 agents on 2 cores spend ~2 % of one core on it). `judge`
+its own because a degraded fabric must show within 5 s: NVML is read every `POLL_S`, through one
+`discovery.Session` that keeps NVML initialised (a reading is then a few queries). `judge`
 (pure) turns one reading into a `Verdict`; when the verdict changes, `Monitor`
 
 - taints its Node `nvlfabric.io/fabric-unhealthy=<reason>:NoSchedule`, removed when healthy
