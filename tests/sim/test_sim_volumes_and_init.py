@@ -43,29 +43,39 @@ RACK = 95
 SHELL = "nvlfabric.test/shell"
 
 
-@pytest.fixture(scope="module")
-def node(cluster: Cluster) -> Iterator[SimNode]:
+@contextlib.contextmanager
+def one_node(cluster: Cluster, rack: int) -> Iterator[tuple[SimNode, subprocess.Popen[str]]]:
+    """A simulated kubelet process of one node whose shell image runs `/bin/sh -c <args>`."""
     state = Path(tempfile.mkdtemp(prefix="nvlv-", dir="/tmp"))
     log = (state / "kubelet.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
                              str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1", "--first-rack",
-                             str(RACK), "--images", f'{{"{SHELL}": ["/bin/sh", "-c"]}}'],
+                             str(rack), "--images", f'{{"{SHELL}": ["/bin/sh", "-c"]}}'],
                             stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
-    (n,) = rack_nodes(state, 1, 1, first_rack=RACK)
-    yield n
-    proc.terminate()
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    log.close()
-    print((state / "kubelet.log").read_text()[-4000:])
-    with contextlib.suppress(ApiError):
-        cluster.client.delete(Node, n.name)
-    with contextlib.suppress(ApiError):
-        cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(runtime_root(state), ignore_errors=True)
+    (n,) = rack_nodes(state, 1, 1, first_rack=rack)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
+        yield n, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        log.close()
+        print((state / "kubelet.log").read_text()[-4000:])
+        with contextlib.suppress(ApiError):
+            cluster.client.delete(Node, n.name)
+        with contextlib.suppress(ApiError):
+            cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(runtime_root(state), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[SimNode]:
+    with one_node(cluster, RACK) as (n, _):
+        yield n
 
 
 def _log(node: SimNode, pod: Pod, container: str) -> str:
@@ -188,39 +198,22 @@ def test_a_failed_init_container_fails_a_pod_that_never_restarts(cluster: Cluste
 def test_a_killed_kubelet_takes_its_nodes_and_their_containers_with_it(cluster: Cluster) -> None:
     """kill -9 of the simulated kubelet process: each node's PID namespace (setpriv --pdeathsig)
     and every container running in it go too, so nothing of a crashed simulator runs on."""
-    state = Path(tempfile.mkdtemp(prefix="nvlk9-", dir="/tmp"))
-    rack = RACK + 1
-    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
-                             str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1", "--first-rack",
-                             str(rack), "--images", f'{{"{SHELL}": ["/bin/sh", "-c"]}}'],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    (n,) = rack_nodes(state, 1, 1, first_rack=rack)
     pod = f"orphan-{uuid.uuid4().hex[:5]}"
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        cluster.client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
-            nodeName=n.name, containers=[Container(name="c", image=SHELL, args=["echo up; sleep 600"])])))
-        eventually("the container to run", lambda: "up" in _log(node=n, pod=cluster.client.get(
-            Pod, pod, namespace="default"), container="c"), timeout=60)
-        init = int(n.machine_pid_file.read_text())
-        ns = os.readlink(f"/proc/{init}/ns/pid")
-        assert len(_in_namespace(ns)) >= 3  # the machine's sleep, the container's shell and its sleep
-        proc.kill()
-        proc.wait(timeout=10)
-        eventually("nothing left in the node's PID namespace", lambda: not _in_namespace(ns), timeout=15)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        with contextlib.suppress(ApiError):  # no kubelet left to finish a graceful delete
-            cluster.client.delete(Pod, pod, namespace="default", grace_period=0)
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Node, n.name)
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
-        shutil.rmtree(state, ignore_errors=True)
-        shutil.rmtree(runtime_root(state), ignore_errors=True)
+    with one_node(cluster, RACK + 1) as (n, proc):
+        try:
+            cluster.client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+                nodeName=n.name, containers=[Container(name="c", image=SHELL, args=["echo up; sleep 600"])])))
+            eventually("the container to run", lambda: "up" in _log(node=n, pod=cluster.client.get(
+                Pod, pod, namespace="default"), container="c"), timeout=60)
+            init = int(n.machine_pid_file.read_text())
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+            assert len(_in_namespace(ns)) >= 3  # the machine's sleep, the container's shell and its sleep
+            proc.kill()
+            proc.wait(timeout=10)
+            eventually("nothing left in the node's PID namespace", lambda: not _in_namespace(ns), timeout=15)
+        finally:
+            with contextlib.suppress(ApiError):  # no kubelet left to finish a graceful delete
+                cluster.client.delete(Pod, pod, namespace="default", grace_period=0)
 
 
 def _in_namespace(ns: str) -> list[int]:

@@ -75,29 +75,30 @@ class Sources:
         return obj
 
 
-async def _config_map(client: Sources, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+async def _read(client: Sources, kind: type[ConfigMap] | type[Secret], name: str, namespace: str,
+                optional: bool) -> Any:
+    """The object, None when it is missing and `optional`, else the kubelet's FailedMount text."""
     try:
-        cm = await client.get(ConfigMap, name, namespace)
+        return await client.get(kind, name, namespace)
     except ApiError as exc:
-        if exc.status.code == 404:
-            if optional:
-                return None
-            raise MountError(f'configmap "{name}" not found') from exc
-        raise
+        if exc.status.code != 404:
+            raise
+        if optional:
+            return None
+        raise MountError(f'{kind.__name__.lower()} "{name}" not found') from exc
+
+
+async def _config_map(client: Sources, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
+    if (cm := await _read(client, ConfigMap, name, namespace, optional)) is None:
+        return None
     data = {k: v.encode() for k, v in (cm.data or {}).items()}
     data.update({k: base64.b64decode(v) for k, v in (cm.binaryData or {}).items()})
     return data
 
 
 async def _secret(client: Sources, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
-    try:
-        secret = await client.get(Secret, name, namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            if optional:
-                return None
-            raise MountError(f'secret "{name}" not found') from exc
-        raise
+    if (secret := await _read(client, Secret, name, namespace, optional)) is None:
+        return None
     return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
 
