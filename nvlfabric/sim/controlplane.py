@@ -385,7 +385,6 @@ class ControlPlane:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
                 f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
-                f"--ca-file={self.state_dir / 'pki' / 'ca.crt'}",
                 f"--pki-dir={self.state_dir / 'pki'}",
                 *(f"--exclude={n.name}" for n in real),
             ])

@@ -25,10 +25,12 @@ server trusts, and runs from an empty scratch directory. Its node advertises the
 from __future__ import annotations
 
 import base64
+import fcntl
+import ipaddress
 import json
 import os
 import socket
-import subprocess
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 #: The kubelet's OOM watcher reads the kernel log: /dev/kmsg (char 1:11) in the machine's /dev.
 KMSG = {"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11, "fileMode": 0o644}
 REAL_KUBELET_LABEL = "nvlfabric.io/kubelet"
+SIOCGIFADDR = 0x8915
 
 
 class RealKubeletError(ValueError):
@@ -57,13 +60,19 @@ class RealKubeletError(ValueError):
 
 
 def machine_addresses() -> list[str]:
-    """This machine's IPv4 addresses of global scope (what `ip -4 addr` lists as such)."""
-    try:
-        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True,
-                             text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    return [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
+    """This machine's non-loopback IPv4 addresses, one per interface, in interface order (read
+    with the SIOCGIFADDR ioctl: no iproute2 needed)."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                ifreq = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            address = ipaddress.ip_address(ifreq[20:24])
+            if not (address.is_loopback or address.is_link_local):
+                found.append(str(address))
+    return found
 
 
 def node_addresses(count: int) -> list[str]:

@@ -53,8 +53,7 @@ def nodes(cluster: Cluster) -> Iterator[list[SimNode]]:
     log = (state / "kubelet.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
                              str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2", "--first-rack",
-                             str(RACK), "--images", images, "--ca-file",
-                             str(cluster.controlplane.state_dir / "pki" / "ca.crt")],
+                             str(RACK), "--images", images],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()

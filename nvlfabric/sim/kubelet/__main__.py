@@ -34,7 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
     ap.add_argument("--images", default="{}", help='JSON: image (no tag) → its ENTRYPOINT (a list), or '
                                                    '{"entrypoint": [...], "cmd": [...]}: run as a local process')
-    ap.add_argument("--ca-file", type=Path, default=None)
     ap.add_argument("--pki-dir", type=Path, default=None,
                     help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
     ap.add_argument("--exclude", action="append", default=[], metavar="NODE",
@@ -68,7 +67,7 @@ async def run(args: argparse.Namespace) -> None:
         client, nodes,
         KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)
                               for k, v in json.loads(args.images).items()}, api_server=server,
-                      ca_file=args.ca_file, pki_dir=args.pki_dir,
+                      pki_dir=args.pki_dir,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
         token_requester=token_for)
     await kubelet.start()

@@ -183,7 +183,6 @@ class KubeletConfig:
     """Container image (without tag) → what it runs; pods with such an image run as processes."""
     api_server: str = ""
     """https://host:port of the API server, for KUBERNETES_SERVICE_HOST/PORT in local processes."""
-    ca_file: Path | None = None
     hardware_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node name → environment giving a local process that node's hardware identity (NVML)."""
     shim: Path | None = None
