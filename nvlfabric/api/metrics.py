@@ -143,6 +143,11 @@ def metrics_route(registry: Registry) -> Route:
     return lambda: (200, registry.exposition(), CONTENT_TYPE)
 
 
+SHUTDOWN_POLL_S = 10.0
+"""How long a `shutdown()` of a `serve` server may take to be noticed (nothing in nvlfabric calls it:
+the thread is a daemon and ends with the process)."""
+
+
 def serve(port: int, address: str, routes: Mapping[str, Route], *,
           name: str = "metrics") -> socketserver.TCPServer | None:
     """Serve GET/HEAD of `routes` (path → response) on `address:port` from one daemon thread; any
@@ -174,5 +179,8 @@ def serve(port: int, address: str, routes: Mapping[str, Route], *,
         daemon_threads = True
 
     server = Server((address, port), Handler)
-    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    # serve_forever's poll interval is only how soon shutdown() is noticed; its default (0.5 s)
+    # wakes every agent twice a second for nothing. A connection wakes it at once either way.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, name=name,
+                     daemon=True).start()
     return server

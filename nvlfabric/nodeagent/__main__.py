@@ -23,7 +23,7 @@ from typing import cast
 
 from nvlfabric.api import errors, names, process
 from nvlfabric.api.names import DRIVER
-from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, health, kubeapi, metrics, settings
+from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, kubeapi, metrics, settings
 from nvlfabric.nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import DeviceHealth, PluginServer, SocketPaths
 from nvlfabric.nodeagent.settings import Settings
@@ -117,11 +117,11 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
         health_cache.update(node=node, state=state, verdict=verdict, value=out)
         return out
 
-    server = PluginServer(paths=sockets, driver=driver, health=device_health)
+    server = PluginServer(paths=sockets, driver=driver, health=device_health, health_port=args.health_port,
+                          listen_address=args.listen_address)
     server.start()
     # Bring back the IMEX domains that prepared claims need now, not at the first resync.
     driver.housekeeping(clique=found.clique)
-    health_server = health.serve(sockets, args.health_port, args.listen_address)
     metrics.serve(args.metrics_port, args.listen_address)
     monitor.start(stop)
     next_resync = time.monotonic() + args.resync_s
@@ -157,8 +157,6 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
             except (errors.ApiStatusError, OSError) as exc:
                 log.error("resync failed, retrying at the next one: %s", exc)
     finally:
-        if health_server is not None:
-            health_server.stop(1)
         server.stop()
         driver.stop()
     return 0

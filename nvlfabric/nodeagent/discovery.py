@@ -86,9 +86,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _fabric(handle: Any) -> GpuFabric:
-    for struct_cls, version in ((getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None), "nvmlGpuFabricInfo_v3"),
-                                (getattr(pynvml, "c_nvmlGpuFabricInfo_v2_t", None), "nvmlGpuFabricInfo_v2")):
+FabricReading = tuple[bytes, int, int, int, int | None, int | None]
+"""One GPU's fabric info as NVML returned it: cluster UUID, clique, state, status, health mask
+and summary (None where the driver's struct has no such field)."""
+NOT_ATTACHED: FabricReading = (bytes(16), 0, 0, 0, None, None)
+FABRIC_STRUCTS = (("c_nvmlGpuFabricInfo_v3_t", "nvmlGpuFabricInfo_v3"),
+                  ("c_nvmlGpuFabricInfo_v2_t", "nvmlGpuFabricInfo_v2"))
+
+
+def _fabric_reading(handle: Any, first: int) -> tuple[FabricReading, int]:
+    """The fabric info of one GPU, trying the versioned structs from FABRIC_STRUCTS[first] on,
+    then the unversioned call; returns the reading and the index of the struct that answered
+    (len(FABRIC_STRUCTS) for the unversioned call), to try first next time."""
+    for at in range(first, len(FABRIC_STRUCTS)):
+        struct_name, version = FABRIC_STRUCTS[at]
+        struct_cls = getattr(pynvml, struct_name, None)
         if struct_cls is None:
             continue
         info = struct_cls()
@@ -98,19 +110,34 @@ def _fabric(handle: Any) -> GpuFabric:
         except (pynvml.NVMLError_ArgumentVersionMismatch, pynvml.NVMLError_FunctionNotFound):
             continue
         except pynvml.NVMLError_NotSupported:
-            return GpuFabric()
-        summary = getattr(info, "healthSummary", None)
-        return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))), clique_id=info.cliqueId,
-                         state=FABRIC_STATES.get(info.state, f"Unknown({info.state})"), status=info.status,
-                         health_mask=info.healthMask,
-                         health_summary=None if summary is None else HEALTH_SUMMARIES.get(summary, str(summary)))
+            return NOT_ATTACHED, at
+        return (bytes(info.clusterUuid), info.cliqueId, info.state, info.status, info.healthMask,
+                getattr(info, "healthSummary", None)), at
     try:
         old = pynvml.c_nvmlGpuFabricInfo_t()
         pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(old))
     except pynvml.NVMLError_NotSupported:
+        return NOT_ATTACHED, len(FABRIC_STRUCTS)
+    return (bytes(old.clusterUuid), old.cliqueId, old.state, old.status, None, None), len(FABRIC_STRUCTS)
+
+
+def _gpu_fabric(r: FabricReading) -> GpuFabric:
+    if r == NOT_ATTACHED:
         return GpuFabric()
-    return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=bytes(old.clusterUuid))), clique_id=old.cliqueId,
-                     state=FABRIC_STATES.get(old.state, f"Unknown({old.state})"), status=old.status)
+    cluster, clique_id, state, status, mask, summary = r
+    return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=cluster)), clique_id=clique_id,
+                     state=FABRIC_STATES.get(state, f"Unknown({state})"), status=status, health_mask=mask,
+                     health_summary=None if summary is None else HEALTH_SUMMARIES.get(summary, str(summary)))
+
+
+class _Static(BaseModel):
+    """What NVML says about a GPU that cannot change while NVML stays initialised."""
+
+    name: str
+    minor: int
+    pci_bus_id: str
+    memory_mib: int
+    compute_capability: str
 
 
 class Session:
@@ -118,11 +145,21 @@ class Session:
     up its state for the process; the stand-in re-reads the cluster's topology), and the fabric
     monitor reads every second: a reading is then a few queries, which see the GPUs' state as it
     is now. A failed query closes the session, so the next reading initialises NVML afresh (a
-    driver reloaded under the agent shows as errors first)."""
+    driver reloaded under the agent shows as errors first).
+
+    The agent has one of these for its life and reads it every second on every node, so a reading
+    asks only what can change (the GPU count, each GPU's UUID and fabric info); the driver version
+    and each GPU's name, PCI address, memory and compute capability are asked once per UUID and
+    initialisation. A reading equal to the last returns the same `NodeDiscovery` object (never
+    modify one): readers tell "changed" by identity."""
 
     def __init__(self, driver_root: Path | None = None) -> None:
         self.driver_root = driver_root
         self._open = False
+        self._system: tuple[str, int] | None = None
+        self._static: dict[str, _Static] = {}
+        self._struct = 0
+        self._last: tuple[object, NodeDiscovery] | None = None
 
     def read(self) -> NodeDiscovery:
         if not self._open:
@@ -133,16 +170,48 @@ class Session:
                 raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
             self._open = True
         try:
-            return _query()
+            return self._query()
         except NvmlUnavailable:
             self.close()
             raise
 
     def close(self) -> None:
+        self._system, self._static, self._struct, self._last = None, {}, 0, None
         if self._open:
             self._open = False
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
+
+    def _query(self) -> NodeDiscovery:
+        try:
+            if self._system is None:
+                self._system = (_text(pynvml.nvmlSystemGetDriverVersion()), pynvml.nvmlSystemGetCudaDriverVersion())
+            readings = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                gpu_uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+                fabric, self._struct = _fabric_reading(h, self._struct)
+                if gpu_uuid not in self._static:
+                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                    self._static[gpu_uuid] = _Static(
+                        name=_text(pynvml.nvmlDeviceGetName(h)), minor=pynvml.nvmlDeviceGetMinorNumber(h),
+                        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+                        memory_mib=pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024),
+                        compute_capability=f"{major}.{minor}")
+                readings.append((gpu_uuid, fabric))
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML query failed: {exc}") from exc
+        key = (self._system, tuple(readings))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        driver_version, cuda_version = self._system
+        node = NodeDiscovery(driver_version=driver_version, cuda_driver_version=cuda_version, gpus=[
+            Gpu(index=i, uuid=u, fabric=_gpu_fabric(f), **self._static[u].model_dump())
+            for i, (u, f) in enumerate(readings)])
+        node.clique, node.reason = clique_of(node.gpus)
+        node.fabric_ready = node.clique is not None
+        self._last = (key, node)
+        return node
 
 
 def discover(driver_root: Path | None = None) -> NodeDiscovery:
@@ -152,25 +221,6 @@ def discover(driver_root: Path | None = None) -> NodeDiscovery:
         return session.read()
     finally:
         session.close()
-
-
-def _query() -> NodeDiscovery:
-    try:
-        node = NodeDiscovery(driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
-                             cuda_driver_version=pynvml.nvmlSystemGetCudaDriverVersion())
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            node.gpus.append(Gpu(
-                index=i, uuid=_text(pynvml.nvmlDeviceGetUUID(h)), name=_text(pynvml.nvmlDeviceGetName(h)),
-                minor=pynvml.nvmlDeviceGetMinorNumber(h), pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                memory_mib=pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024),
-                compute_capability=f"{major}.{minor}", fabric=_fabric(h)))
-    except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML query failed: {exc}") from exc
-    node.clique, node.reason = clique_of(node.gpus)
-    node.fabric_ready = node.clique is not None
-    return node
 
 
 def clique_of(gpus: list[Gpu]) -> tuple[str | None, str]:

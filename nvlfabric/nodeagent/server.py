@@ -37,6 +37,7 @@ from nvlfabric.api.kubelet import (
     pluginregistration_pb2_grpc,
 )
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
+from nvlfabric.nodeagent import health as liveness
 from nvlfabric.nodeagent import metrics
 
 __all__ = ["ClaimRef", "DeviceHealth", "Driver", "PluginServer", "PreparedDevice", "SocketPaths"]
@@ -197,11 +198,24 @@ class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
+def _listen(server: grpc.Server, address: str, failure: str) -> None:
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio ≥ 1.60 raises where older ones returned 0
+        raise OSError(f"{failure} ({exc})") from None
+    if bound == 0:
+        raise OSError(failure)
+
+
 class PluginServer:
     """The agent's kubelet-facing gRPC server (registration and DRA sockets); `start()` then `stop()`."""
 
-    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 4,
-                 health: HealthSource | None = None) -> None:
+    def __init__(self, *, paths: SocketPaths, driver: Driver, workers: int = 8,
+                 health: HealthSource | None = None, health_port: int = 0, listen_address: str = "") -> None:
+        """`health`: the devices' health for the kubelet's DRA health stream; `health_port`
+        (0: none): serve the standard gRPC health service for the probes on listen_address:port.
+        `workers` covers a health stream per kubelet connection, two probes at once, the calls
+        each probe makes back into this server, and the kubelet's own calls."""
         paths.check()
         self.paths = paths
         self.driver = driver
@@ -210,12 +224,14 @@ class PluginServer:
         versions = (*DRA_VERSIONS, HEALTH_VERSION) if health is not None else DRA_VERSIONS
         self.registration = _Registration(paths.driver, paths.endpoint, versions)
         self._workers = workers
+        self._liveness = (health_port, listen_address)
         self._servers: list[grpc.Server] = []
 
     def start(self) -> None:
         """One gRPC server listening on both sockets (the DRA endpoint, then the registration
-        socket the kubelet's plugin watcher looks for): one completion queue and thread pool, not
-        two, in a process with a memory budget. Both sockets are the kubelet's, owner-only."""
+        socket the kubelet's plugin watcher looks for) and the probes' health port: one completion
+        queue and thread pool, not three, in a process with a memory budget whose every gRPC server
+        polls. Both sockets are the kubelet's, owner-only."""
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
             _dra_servicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1_pb2, self.driver), server)
@@ -226,13 +242,17 @@ class PluginServer:
                 _Health(self.health, self._stopping), server)
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
         # The sockets are created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
+        port, address = self._liveness
+        if port > 0:  # first: a port in use fails the start before a socket appears
+            liveness.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint)
+            _listen(server, f"{address or '[::]'}:{port}",
+                    f"health service: cannot listen on {address or '*'}:{port}; choose another --health-port")
         old = os.umask(0o177)
         try:
             for path in (self.paths.endpoint, self.paths.registration):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.unlink(missing_ok=True)  # a stale socket of a previous instance of *this* agent
-                if server.add_insecure_port(f"unix:{path}") == 0:
-                    raise OSError(f"could not listen on {path}")
+                _listen(server, f"unix:{path}", f"could not listen on {path}")
             server.start()
         finally:
             os.umask(old)

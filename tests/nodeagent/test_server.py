@@ -115,3 +115,62 @@ def test_device_health_is_advertised_and_streamed_when_the_agent_has_a_source() 
     finally:
         srv.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_probes_health_service_shares_the_plugin_server_and_fails_when_a_kubelet_socket_is_gone() -> None:
+    """The DaemonSet's probes ask the standard health service on a TCP port of the same server:
+    SERVING while both kubelet sockets answer, even with probes overlapping each other and the
+    kubelet's health stream (each check calls back into the server's own thread pool), and
+    NOT_SERVING once the registration socket is gone (the kubelet could not reach the agent)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
+    from nvlfabric.nodeagent.server import DeviceHealth
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(tempfile.mkdtemp(prefix="nvlp-", dir="/tmp"))
+    srv = PluginServer(paths=SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io"), driver=RecordingDriver(),
+                       health=lambda: [DeviceHealth("p", "channel-1", True)], health_port=port,
+                       listen_address="127.0.0.1")
+    srv.start()
+    try:
+        with grpc.insecure_channel(f"unix:{srv.paths.endpoint}") as kubelet, \
+                grpc.insecure_channel(f"127.0.0.1:{port}") as probe:
+            stream = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(kubelet).NodeWatchResources(
+                dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=30)
+            next(stream)  # a worker now holds the open stream
+            stub = health_pb2_grpc.HealthStub(probe)
+            with ThreadPoolExecutor(4) as pool:
+                statuses = list(pool.map(lambda _: stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status,
+                                         range(4)))
+            assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 4
+            srv.paths.registration.unlink()
+            assert stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            stream.cancel()
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_health_port_in_use_fails_the_start_naming_the_flag_before_any_socket_appears() -> None:
+    import socket
+
+    root = Path(tempfile.mkdtemp(prefix="nvlq-", dir="/tmp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        srv = PluginServer(paths=SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io"),
+                           driver=RecordingDriver(), health_port=s.getsockname()[1], listen_address="127.0.0.1")
+        try:
+            with pytest.raises(OSError, match="--health-port"):
+                srv.start()
+            assert not srv.paths.registration.exists() and not srv.paths.endpoint.exists()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
