@@ -244,7 +244,8 @@ class PluginServer:
         # The sockets are created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
         port, address = self._liveness
         if port > 0:  # first: a port in use fails the start before a socket appears
-            liveness.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint)
+            liveness.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint,
+                            registered=self.registration.registered)
             _listen(server, f"{address or '[::]'}:{port}",
                     f"health service: cannot listen on {address or '*'}:{port}; choose another --health-port")
         old = os.umask(0o177)

@@ -121,14 +121,21 @@ def test_the_probes_health_service_shares_the_plugin_server_and_fails_when_a_kub
     """The DaemonSet's probes ask the standard health service on a TCP port of the same server:
     SERVING while both kubelet sockets answer, even with probes overlapping each other and the
     kubelet's health stream (each check calls back into the server's own thread pool), and
-    NOT_SERVING once the registration socket is gone (the kubelet could not reach the agent)."""
+    NOT_SERVING once the registration socket is gone (the kubelet could not reach the agent).
+    The readiness probe's service is SERVING only once the kubelet has registered the plugin."""
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
+    from nvlfabric.api.kubelet import (
+        dra_health_v1alpha1_pb2,
+        dra_health_v1alpha1_pb2_grpc,
+        pluginregistration_pb2,
+        pluginregistration_pb2_grpc,
+    )
+    from nvlfabric.nodeagent.health import READY_SERVICE
     from nvlfabric.nodeagent.server import DeviceHealth
 
     with socket.socket() as s:
@@ -146,6 +153,15 @@ def test_the_probes_health_service_shares_the_plugin_server_and_fails_when_a_kub
                 dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=30)
             next(stream)  # a worker now holds the open stream
             stub = health_pb2_grpc.HealthStub(probe)
+            ready = health_pb2.HealthCheckRequest(service=READY_SERVICE)
+            assert stub.Check(ready, timeout=5).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with grpc.insecure_channel(f"unix:{srv.paths.registration}") as reg:
+                pluginregistration_pb2_grpc.RegistrationStub(reg).NotifyRegistrationStatus(
+                    pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+            assert stub.Check(ready, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as unknown:
+                stub.Check(health_pb2.HealthCheckRequest(service="nvlfabric"), timeout=5)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
             with ThreadPoolExecutor(4) as pool:
                 statuses = list(pool.map(lambda _: stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status,
                                          range(4)))
