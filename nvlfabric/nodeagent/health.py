@@ -24,6 +24,11 @@ from nvlfabric.api.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistratio
 
 CHECK_TIMEOUT_S = 1.0
 READY_SERVICE = "registered"
+REGISTRATION_WAIT_S = 3.0
+"""How long a readiness check waits for the kubelet's registration before saying NOT_SERVING:
+the first readiness probe comes right after the startup probe passed, i.e. as the sockets
+appear, while the kubelet registers the plugin a moment later; without the wait every agent
+start would record a 'Readiness probe failed' warning. Below the probe's 5 s timeout."""
 
 
 def sockets_answer(registration: Path, endpoint: Path) -> bool:
@@ -46,7 +51,7 @@ class _Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request.service == READY_SERVICE:
-            ok = self.registered.is_set()
+            ok = self.registered.wait(REGISTRATION_WAIT_S)
         elif request.service == "":
             ok = sockets_answer(*self.sockets)
         else:  # the health protocol's answer for a service the server does not know

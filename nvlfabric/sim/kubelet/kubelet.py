@@ -650,7 +650,10 @@ class SimKubelet:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("syncing pod %s/%s failed", namespace, name)
+                # Only what escaped _sync_pod's own retries (a bug): the pod must not be stranded.
+                log.exception("syncing pod %s/%s failed; syncing it again in 1 s", namespace, name)
+                await asyncio.sleep(1)
+                continue
             if uid not in self._changed_during_sync:
                 return
 
@@ -973,6 +976,11 @@ class SimKubelet:
             **({"initContainerStatuses": self._init_statuses(state, pod, None, t)} if pod.spec.initContainers else {}),
         }}
         await self.client.patch(Pod.Status, pod.metadata.name or "", status, namespace=pod.metadata.namespace)
+        # A probe that changed readiness while this write was in flight found the pod not Running
+        # yet and wrote nothing (_rewrite_status): write it now, or the pod keeps the old value
+        # until the next change, which for a passing probe never comes.
+        if any(state.ready.get((uid, cs["name"]), True) != cs["ready"] for cs in containers):
+            await self._write_ready(state, uid)
 
     async def _maybe_complete(self, state: NodeState, pod: Pod) -> bool:
         """Job pods with a run time annotation finish (Succeeded) once it has passed."""
@@ -1059,6 +1067,12 @@ class SimKubelet:
             reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
             source=EventSource(component="kubelet", host=node), firstTimestamp=now(), lastTimestamp=now(), count=1,
         )
-        with contextlib.suppress(ApiError):
-            await self.client.create(ev)
+        # Best effort, as the kubelet's recorder: an event lost to a busy API server (a pool or
+        # connect timeout with 144 nodes on 2 cores) must not fail what it reports on, least of
+        # all the pod sync's error path, whose retry would then never come.
+        try:
+            with api_call(f"create event {reason} of pod {pod.metadata.namespace}/{pod.metadata.name}"):
+                await self.client.create(ev)
+        except errors.NvlfabricError as exc:
+            log.info("pod %s/%s: event %s not written (%s)", pod.metadata.namespace, pod.metadata.name, reason, exc)
 
