@@ -241,13 +241,13 @@ class PluginServer:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
                 _Health(self.health, self._stopping), server)
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
-        # The sockets are created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
         port, address = self._liveness
         if port > 0:  # first: a port in use fails the start before a socket appears
             liveness.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint,
                             registered=self.registration.registered)
             _listen(server, f"{address or '[::]'}:{port}",
                     f"health service: cannot listen on {address or '*'}:{port}; choose another --health-port")
+        # The sockets are created by bind() with the umask; 0600 from the first moment, not chmod'ed later.
         old = os.umask(0o177)
         try:
             for path in (self.paths.endpoint, self.paths.registration):
