@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,6 +83,47 @@ def stop(rec: ProcessRecord, *, timeout: float = 10.0) -> None:
     while alive(rec):
         reap(rec.pid)
         time.sleep(0.05)
+
+
+def kill_group(pgid: int, *, grace_s: float = 5.0) -> None:
+    """SIGTERM every process left in process group `pgid`, SIGKILL what is still there after `grace_s`.
+    The kernel keeps a group's id from being reused while any member lives, so this never reaches an
+    unrelated process; an empty group is a no-op."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_group(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `argv` to its end with its output captured, in a process group of its own, and then end
+    whatever it left in that group. The Pulumi CLI starts its language host and resource plugins as
+    children; when it is killed (a timeout, a benchmark stopped by SIGTERM, a test interrupted) they
+    outlive it, and a YAML project's component plugin host is left behind even by a clean exit.
+    A group of its own lets one signal reach them all. Output goes to files, not pipes: a child left
+    holding a pipe would keep the read from ending. A timeout raises TimeoutExpired as
+    subprocess.run does."""
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+                                start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd)
+        try:
+            proc.wait(timeout=timeout)
+        finally:  # exited, timed out, or the caller stopped: whatever is left of the group goes
+            kill_group(proc.pid)
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(list(argv), proc.returncode, out.read(), err.read())
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
