@@ -21,7 +21,11 @@ scheduling gate `nvlfabric.io/channel-reservation` (BoundJob adds it) avoid even
 scheduler leaves them alone until this lifts the gate, which it does
 - for one pod (the oldest) of a claim that is not allocated yet and has no ungated pending user:
   the pioneer, whose scheduling allocates the claim;
-- for every other pod once it is in the reservedFor of each allocated channel claim it names.
+- for every other pod once it is in the reservedFor of each allocated channel claim it names, as
+  the claim watch shows it: the scheduler reads the claim from its own informer, and a pod let
+  through on the strength of our write's answer alone can reach its scheduling cycle before that
+  informer has the write (a FailedScheduling "add reservation to claim": its PreBind appends the
+  pod again and the API server refuses the duplicate). Seen on 1 of 144 pods in bench/e2e.py racks8.
 
 What is safe to reserve: a pod in the claim's namespace that names the claim in
 `spec.resourceClaims[].resourceClaimName`, is not yet bound to a node, is not being deleted and
@@ -104,6 +108,9 @@ API_WORKERS = 16
 control plane a write's latency, not the API server's throughput, is what limits them: with 4 at a
 time, lifting the gates of a 144-pod job took 17 s on 2 cores (bench/e2e.py superpod), and the
 scheduler, which binds each pod as its gate lifts, waited on it."""
+WATCH_SEEN_S = 2.0
+"""How long a reservation written here may stay unseen by the claim watch before its pods' gates
+lift anyway (a lost or re-listed watch only delays them this long)."""
 SETTLE_S = 0.5
 """Without a group-size annotation: a claim's group is complete once no new user came for this long."""
 NO_ROOM_EVENT_S = 60.0
@@ -331,6 +338,7 @@ class Reserver:
         self._claims: dict[Key, ClaimState] = {}
         self._dirty: set[Key] = set()
         self._pioneered: dict[Key, float] = {}  # claim → when its pioneer's gate was lifted
+        self._unseen: dict[Key, dict[str, float]] = {}  # claim → pods reserved here, not yet seen by the watch
         self._pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="writes")
         self.patches = 0  # claim status patches written (tests and logs)
         self.reserved = 0  # pods reserved ahead
@@ -368,8 +376,14 @@ class Reserver:
                 self._placed.pop(key, None)
                 self._last_user.pop(key, None)
                 self._no_room.pop(key, None)
+                self._unseen.pop(key, None)
                 return
-            self._claims[key] = claim_state(obj.to_dict(), self.driver)
+            self._claims[key] = state = claim_state(obj.to_dict(), self.driver)
+            if (unseen := self._unseen.get(key)) is not None:
+                for uid in state.reserved:
+                    unseen.pop(uid, None)
+                if not unseen:
+                    del self._unseen[key]
             self._dirty.add(key)
             self._lock.notify()
 
@@ -436,13 +450,19 @@ class Reserver:
                 if claim is None or not claim.ours or not claim.reserved:
                     return
                 pods = to_reserve(namespace, name, claim.reserved, self._users(key))
-            if not pods:
-                return
+                if not pods:
+                    return
+                # Expected from the watch before the write is sent: its event may come before the answer.
+                now = time.monotonic()
+                self._unseen.setdefault(key, {}).update((p.uid, now) for p in pods)
             try:
                 with api_call(f"reserve claim {namespace}/{name} for {len(pods)} pods"):
                     out = self.client.patch(ResourceClaim.Status, name, reservation_patch(claim.uid, pods),
                                             namespace=namespace, patch_type=PatchType.JSON)
             except errors.ApiStatusError as exc:
+                with self._lock:
+                    for p in pods:
+                        self._unseen.get(key, {}).pop(p.uid, None)
                 # 422: the scheduler reserved one of the pods meanwhile, the list is full, or the
                 # claim was replaced; 404: it is gone. Read it again and retry with the truth.
                 log.info("claim %s/%s: reserving %d pods ahead failed (attempt %d): %s", namespace, name, len(pods),
@@ -592,8 +612,9 @@ class Reserver:
         else:
             self._pioneered.pop(key, None)
         out: list[tuple[PendingPod, str | None]] = []
+        now = time.monotonic()
         for p in users:
-            if not p.gated:
+            if not p.gated or self._unseen_by_watch(p, now):
                 continue
             claims = {c: st for c in p.claims if (st := self._claims.get((p.namespace, c))) is not None}
             if releasable(p, claims, frozenset({key[1]}) if p is first else frozenset()):
@@ -601,6 +622,12 @@ class Reserver:
                 if p is first:
                     self._pioneered[key] = time.monotonic()
         return out
+
+    def _unseen_by_watch(self, pod: PendingPod, now: float) -> bool:
+        """Whether a reservation of `pod` written here is not yet in the claim watch, and not for
+        long (call with the lock held)."""
+        return any(now - written < WATCH_SEEN_S for c in pod.claims
+                   if (written := self._unseen.get((pod.namespace, c), {}).get(pod.uid)) is not None)
 
     def _ungate(self, releases: list[tuple[PendingPod, str | None]]) -> list[PendingPod]:
         """Lift the gates; returns the pods whose gate was lifted."""
@@ -647,6 +674,13 @@ class Reserver:
         """Mark every claim with a gated user dirty (level-based: a lost event only delays)."""
         with self._lock:
             self._dirty.update((p.namespace, c) for p in self._pods.values() if p.gated for c in p.claims)
+            now = time.monotonic()
+            for key, unseen in list(self._unseen.items()):  # what the watch never showed is waited for no more
+                for uid, written in list(unseen.items()):
+                    if now - written >= WATCH_SEEN_S:
+                        del unseen[uid]
+                if not unseen:
+                    del self._unseen[key]
             self._grouped.update(self._retry)
             self._retry.clear()
 

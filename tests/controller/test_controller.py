@@ -34,7 +34,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import FABRIC_READY_LABEL, RESERVATION_GATE
-from nvlfabric.controller import pools
+from nvlfabric.controller import pools, reservations
 from nvlfabric.controller.reconcile import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
 from nvlfabric.controller.reservations import (
     ClaimState,
@@ -450,6 +450,58 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
         remove_domain(client, f"gate-{run}", claim, [*members, orphan])
         if worker.is_alive():
             worker.join(timeout=5)
+
+
+@pytest.mark.cluster
+def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """The scheduler reads claims from its own informer: a pod let through on the answer to our
+    reservation write alone could be scheduled against a copy of the claim without itself, and its
+    PreBind would fail ("add reservation to claim"). So the gate lifts once the claim watch, which
+    this test plays by hand against the real API server, has shown the write; and after
+    WATCH_SEEN_S without it, anyway."""
+    client, (_, names) = cluster.client, clique_nodes
+    Controller(client, channels_per_clique=4).reconcile_pools()
+    run = names[0].split("-")[1]
+    claim = provider_domain(client, f"seen-{run}")
+    first, gated = f"seen-{run}-0", [f"seen-{run}-{i}" for i in range(1, 4)]
+    reserver = Reserver(client, pools.DRIVER)
+
+    def watch_shows_claim() -> None:
+        reserver._claim_event("MODIFIED", client.get(ResourceClaim, claim, namespace="default"))
+
+    def gates(name: str) -> list[str]:
+        return [g.name for g in client.get(Pod, name, namespace="default").spec.schedulingGates or []]
+
+    try:
+        client.create(channel_pod(first, claim, run))  # ungated: the scheduler allocates the claim
+        eventually("the first pod to allocate the claim", lambda: (
+            (st := client.get(ResourceClaim, claim, namespace="default").status) and st.reservedFor) or None)
+        for name in gated:
+            reserver._pod_event("ADDED", client.create(channel_pod(name, claim, run, gated=True)))
+        watch_shows_claim()
+        reserver.pass_once()
+        st = client.get(ResourceClaim, claim, namespace="default").status
+        assert st and {r.name for r in st.reservedFor or []} == {first, *gated}, "not reserved in the pass"
+        assert all(gates(n) == [RESERVATION_GATE] for n in gated), "a gate lifted before the watch showed the claim"
+
+        watch_shows_claim()
+        reserver.pass_once()
+        assert all(gates(n) == [] for n in gated), "the watch showed the reservation, the gates stayed"
+
+        # A watch that never shows the write (lost, re-listing) delays the gate by WATCH_SEEN_S only.
+        late = f"seen-{run}-late"
+        pod = client.create(channel_pod(late, claim, run, gated=True))
+        reserver._pod_event("ADDED", pod)
+        reserver.pass_once()
+        assert gates(late) == [RESERVATION_GATE]
+        assert pod.metadata and pod.metadata.uid
+        reserver._unseen[("default", claim)][pod.metadata.uid] -= reservations.WATCH_SEEN_S
+        reserver._dirty.add(("default", claim))
+        reserver.pass_once()
+        assert gates(late) == [], "an unseen reservation held the gate past WATCH_SEEN_S"
+    finally:
+        remove_domain(client, f"seen-{run}", claim, [first, *gated, f"seen-{run}-late"])
 
 
 def _pp(name: str, *, gated: bool = True, created: str = "t1", claims: tuple[str, ...] = ("a",)) -> PendingPod:
