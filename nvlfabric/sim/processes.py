@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,11 +40,7 @@ def start_ticks(pid: int) -> int | None:
 
 
 def alive(rec: ProcessRecord) -> bool:
-    ticks = start_ticks(rec.pid)
-    if ticks is None or ticks != rec.start_ticks:
-        return False
-    state = Path(f"/proc/{rec.pid}/stat").read_text()
-    return state[state.rindex(")") + 2] != "Z"
+    return start_ticks(rec.pid) == rec.start_ticks and _running(rec.pid)
 
 
 def spawn(name: str, argv: Sequence[str], log: Path, *, env: Mapping[str, str] | None = None,
@@ -85,41 +82,70 @@ def stop(rec: ProcessRecord, *, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def kill_group(pgid: int, *, grace_s: float = 5.0) -> None:
-    """SIGTERM every process left in process group `pgid`, SIGKILL what is still there after `grace_s`.
-    The kernel keeps a group's id from being reused while any member lives, so this never reaches an
-    unrelated process; an empty group is a no-op."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+RUN_TOKEN_VAR = "NVLFABRIC_RUN_TOKEN"
+"""Set in the environment of a command run by `run_owned`, and so in every process it starts."""
+
+
+def tagged(token: str) -> list[int]:
+    """The processes whose environment carries `token` as RUN_TOKEN_VAR (unreadable ones are not ours)."""
+    needle = f"{RUN_TOKEN_VAR}={token}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            out.append(int(entry.name))
+    return out
+
+
+def end_tagged(token: str, *, grace_s: float = 5.0) -> None:
+    """SIGTERM every process carrying `token`, SIGKILL those still there after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = tagged(token)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            for pid in pids:
+                reap(pid)
+            pids = [p for p in pids if _running(p)]
+            time.sleep(0.05)
+        if not pids:
             return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
-def run_group(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def run_owned(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `argv` to its end with its output captured, in a process group of its own, and then end
-    whatever it left in that group. The Pulumi CLI starts its language host and resource plugins as
-    children; when it is killed (a timeout, a benchmark stopped by SIGTERM, a test interrupted) they
-    outlive it, and a YAML project's component plugin host is left behind even by a clean exit.
-    A group of its own lets one signal reach them all. Output goes to files, not pipes: a child left
-    holding a pipe would keep the read from ending. A timeout raises TimeoutExpired as
-    subprocess.run does."""
+    """Run `argv` to its end with its output captured, then end every process it started that is
+    still running. The Pulumi CLI starts its language host and plugins in process groups of their
+    own; a YAML project's component plugin host outlives even a clean exit, and when pulumi is
+    killed (a timeout, a benchmark stopped by SIGTERM, an interrupted test) they all do, reparented
+    to init where no process tree finds them. What finds them is the environment they inherit: a
+    token of this run's (RUN_TOKEN_VAR). Output goes to files, not pipes: a child left holding a
+    pipe would keep the read from ending. A timeout raises TimeoutExpired as subprocess.run does."""
+    token = uuid.uuid4().hex
+    run_env = {**(os.environ if env is None else env), RUN_TOKEN_VAR: token}
     with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-                                start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd)
+                                start_new_session=True, env=run_env, cwd=cwd)
         try:
             proc.wait(timeout=timeout)
-        finally:  # exited, timed out, or the caller stopped: whatever is left of the group goes
-            kill_group(proc.pid)
+        finally:  # exited, timed out, or the caller stopped: whatever it left goes
+            end_tagged(token)
             proc.wait()
         out.seek(0)
         err.seek(0)

@@ -13,7 +13,7 @@ from typing import Any
 
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import load_tools
-from nvlfabric.sim.processes import run_group
+from nvlfabric.sim.processes import run_owned
 
 # Anything that tries the network gets a proxy that refuses; loopback goes direct. With plugin
 # downloads and update checks disabled nothing should try, and this makes sure of it.
@@ -30,7 +30,7 @@ class PulumiProject:
     env: dict[str, str]
 
     def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        proc = run_group(["pulumi", *args], cwd=self.workdir, env=self.env, timeout=timeout)
+        proc = run_owned(["pulumi", *args], cwd=self.workdir, env=self.env, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} exited {proc.returncode}\n"
                                  f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
