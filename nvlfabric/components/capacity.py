@@ -1,4 +1,4 @@
-"""Capacity at preview: does a job fit the racks the program declares? (pure, plus one registry)
+"""Capacity at preview: does a job fit the racks the program declares? (pure, plus the program's registry)
 
 Each `Nvl72Rack` records itself here when the program runs (preview included), with the free GPUs
 its Nodes reported (`free_gpus`, read at preview). A `BoundJob` declared after its racks compares
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nvlfabric.components import program
+
 
 @dataclass(frozen=True)
 class DeclaredRack:
@@ -23,15 +25,12 @@ class DeclaredRack:
     """'namespace/workload' → GPUs its pods hold here now (counted as used in free_gpus)."""
 
 
-_DECLARED: list[DeclaredRack] = []
-
-
 def declare(rack: DeclaredRack) -> None:
-    _DECLARED.append(rack)
+    program.current().racks.append(rack)
 
 
 def declared() -> list[DeclaredRack]:
-    return list(_DECLARED)
+    return list(program.current().racks)
 
 
 def shortfall(job: str, *, groups: int, pods_per_group: int, gpus_per_pod: int,
