@@ -7,6 +7,7 @@ an unrelated process that happens to reuse a recorded pid.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -67,19 +68,24 @@ def stop(rec: ProcessRecord, *, timeout: float = 10.0) -> None:
     if not alive(rec):
         reap(rec.pid)
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(rec.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reap(rec.pid)
-        if not alive(rec):
+    _end([rec.pid], lambda _: alive(rec), grace_s=timeout)
+
+
+def _end(pids: list[int], running: Callable[[int], bool], *, grace_s: float) -> None:
+    """SIGTERM `pids`, SIGKILL those still `running` after `grace_s`, and wait until none is."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, math.inf)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            for pid in pids:
+                reap(pid)
+            pids = [p for p in pids if running(p)]
+            if pids:
+                time.sleep(0.05)
+        if not pids:
             return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(rec.pid, signal.SIGKILL)
-    while alive(rec):
-        reap(rec.pid)
-        time.sleep(0.05)
 
 
 RUN_TOKEN_VAR = "NVLFABRIC_RUN_TOKEN"
@@ -103,20 +109,10 @@ def tagged(token: str) -> list[int]:
 
 
 def end_tagged(token: str, *, grace_s: float = 5.0) -> None:
-    """SIGTERM every process carrying `token`, SIGKILL those still there after `grace_s`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = tagged(token)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            for pid in pids:
-                reap(pid)
-            pids = [p for p in pids if _running(p)]
-            time.sleep(0.05)
-        if not pids:
-            return
+    """SIGTERM every process carrying `token`, SIGKILL those still there after `grace_s`; again
+    for any that one of them started meanwhile."""
+    while pids := tagged(token):
+        _end(pids, _running, grace_s=grace_s)
 
 
 def _running(pid: int) -> bool:
