@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the last N nodes with the real kubelet (built by `make tools`) against nvlfabric's "
                          "CRI runtime stand-in instead of the simulated kubelet; each needs a non-loopback "
                          "address of this machine (see nvlfabric/sim/realnode.py)")
+    up.add_argument("--hollow-racks", type=int, default=0, metavar="N",
+                    help="make the last N racks hollow: their nodes run no agent or IMEX keeper process, an "
+                         "in-process stand-in writes what the agent would (fleet-size clusters on one machine; "
+                         "see nvlfabric/sim/kubelet/hollow.py)")
     up.add_argument("--workload-scheduling", action="store_true",
                     help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
                          "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
@@ -84,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             cp.ports = Ports(etcd_client=args.etcd_port, etcd_peer=args.etcd_peer_port,
                              apiserver=args.apiserver_port, scheduler=args.scheduler_port)
             if args.racks:
-                rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)  # validates
+                rack_nodes(state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack,
+                           hollow_racks=args.hollow_racks)  # validates
             cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
             cp.workload_scheduling = args.workload_scheduling
             cp.real_kubelets = args.real_kubelets
+            cp.hollow_racks = args.hollow_racks
             if args.images is not None:
                 cp.images = images.load(args.images)
             if not cp.up():

@@ -97,6 +97,7 @@ class State(BaseModel):
     nodes_ready_s: float | None = None
     workload_scheduling: bool = False
     real_kubelets: int = 0
+    hollow_racks: int = 0
 
 
 class ControlPlaneError(RuntimeError):
@@ -123,18 +124,24 @@ class ControlPlane:
     """Extra command-line flags per component (`etcd`, `kube-apiserver`, `kube-scheduler`,
     `kube-controller-manager`), e.g. `{"kube-controller-manager": ["--kube-api-qps=100"]}`."""
     real_kubelets: int = 0
-    """How many of the nodes (the last ones) the real kubelet runs, against nvlfabric's CRI
-    stand-in (nvlfabric/sim/realnode.py); the simulated kubelet runs the others."""
+    """How many of the nodes (the last ones that are not hollow) the real kubelet runs, against
+    nvlfabric's CRI stand-in (nvlfabric/sim/realnode.py); the simulated kubelet runs the others."""
+    hollow_racks: int = 0
+    """How many of the racks (the last ones) are hollow (nvlfabric/sim/kubelet/hollow.py): their
+    nodes cost the simulated kubelet's bookkeeping only, no agent or keeper process. The others
+    run everything, so a cluster of dozens of racks fits on one machine with real agents on some."""
     workload_scheduling: bool = False
     """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
     the scheduler and the controller manager alike, as a cluster that opted in would."""
 
     def nodes(self) -> list[SimNode]:
-        return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack)
+        return rack_nodes(self.state_dir, self.racks, self.nodes_per_rack, first_rack=self.first_rack,
+                          hollow_racks=self.hollow_racks)
 
     def real_nodes(self) -> list[SimNode]:
-        """The nodes the real kubelet runs: the last `real_kubelets` ones."""
-        return self.nodes()[len(self.nodes()) - self.real_kubelets:] if self.real_kubelets else []
+        """The nodes the real kubelet runs: the last `real_kubelets` ones that are not hollow."""
+        full = [n for n in self.nodes() if not n.hollow]
+        return full[len(full) - self.real_kubelets:] if self.real_kubelets else []
 
     @property
     def state_file(self) -> Path:
@@ -206,14 +213,16 @@ class ControlPlane:
                                                                         state.first_rack)
                     self.workload_scheduling = state.workload_scheduling
                     self.real_kubelets = state.real_kubelets
+                    self.hollow_racks = state.hollow_racks
                     return False
                 # Leftovers of a crash: stop what survives before starting afresh.
                 self._stop_all(state)
             tools = load_tools()
             if self.real_kubelets:
-                if self.real_kubelets > len(self.nodes()):
+                full = [n for n in self.nodes() if not n.hollow]
+                if self.real_kubelets > len(full):
                     raise ControlPlaneError(f"--real-kubelets {self.real_kubelets} is more than the "
-                                            f"{len(self.nodes())} node(s) of --racks/--nodes-per-rack")
+                                            f"{len(full)} node(s) of --racks/--nodes-per-rack that are not hollow")
                 tools.binary("kubelet")
                 realnode.node_addresses(self.real_kubelets)
             self._check_ports()
@@ -224,7 +233,8 @@ class ControlPlane:
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
                           racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
-                          workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets)
+                          workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets,
+                          hollow_racks=self.hollow_racks)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
@@ -367,14 +377,20 @@ class ControlPlane:
         """Simulated GB200 racks: stand-ins in each node's driver root, then one process of
         simulated kubelets, and a machine with the real kubelet for each of `real_nodes()`."""
         nodes = self.nodes()
-        self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack})")
+        hollow = sorted({n.rack for n in nodes if n.hollow})
+        self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack}"
+                      + (f"; racks {hollow[0]}..{hollow[-1]} hollow" if hollow else "") + ")")
         built = hardware.build_standins()
-        topo = hardware.write_topology(self.state_dir, nodes)
+        # Hollow nodes read no NVML (their stand-in agent knows its clique): the topology holds the
+        # others, so what a real agent's NVML reads does not grow with the cluster.
+        topo = hardware.write_topology(self.state_dir, [n for n in nodes if not n.hollow] or nodes)
         minors = {n.name: [g.minor for g in n.gpus] for n in topo.nodes}
         shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
         for node in nodes:
             shutil.rmtree(node.dir, ignore_errors=True)
             node.prepare_dirs()
+            if node.hollow:
+                continue
             hardware.install_driver_root(node, built, topo.driver_version)
             for problem in hardware.install_host_files(node, minors[node.name], topo.driver_version):
                 self.progress(f"{node.name}: not made: {problem}")  # once per node: no CAP_MKNOD here
@@ -384,6 +400,7 @@ class ControlPlane:
                 sys.executable, "-m", "nvlfabric.sim.kubelet", f"--state-dir={self.state_dir}",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--racks={self.racks}", f"--nodes-per-rack={self.nodes_per_rack}", f"--first-rack={self.first_rack}",
+                f"--hollow-racks={self.hollow_racks}",
                 f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
                 f"--pki-dir={self.state_dir / 'pki'}",
                 *(f"--exclude={n.name}" for n in real),

@@ -44,6 +44,9 @@ class SimNode(BaseModel):
     runtime_dir: Path
     """Where this node's kubelet root really is: a short path, because unix socket paths hold 107
     bytes and the kubelet root carries the plugin sockets (`dir/kubelet` links to it)."""
+    hollow: bool = False
+    """A hollow node (nvlfabric/sim/kubelet/hollow.py): its DaemonSets' pods, nvlfabric's agent and
+    keeper among them, run nothing; an in-process stand-in writes what the agent would."""
 
     @property
     def kubelet_root(self) -> Path:
@@ -178,15 +181,19 @@ def runtime_root(state_dir: Path) -> Path:
 
 
 def rack_nodes(state_dir: Path, racks: int, nodes_per_rack: int = NODES_PER_RACK, *,
-               first_rack: int = 0) -> list[SimNode]:
+               first_rack: int = 0, hollow_racks: int = 0) -> list[SimNode]:
+    """The nodes of `racks` racks from `first_rack` on; the last `hollow_racks` of them hollow."""
     if not 1 <= racks <= 200 or not 0 <= first_rack <= 255 - racks:
         raise ValueError(f"--racks must be between 1 and 200 (racks numbered up to 255), got {racks}")
+    if not 0 <= hollow_racks <= racks:
+        raise ValueError(f"--hollow-racks must be between 0 and --racks ({racks}), got {hollow_racks}")
     if not 1 <= nodes_per_rack <= NODES_PER_RACK:
         raise ValueError(f"--nodes-per-rack must be between 1 and {NODES_PER_RACK} (an NVL72 rack), "
                          f"got {nodes_per_rack}")
     return [
         SimNode(name=node_name(r, i), rack=r, index=i, address=f"127.10.{r}.{i + 1}",
-                dir=state_dir / "nodes" / node_name(r, i), runtime_dir=runtime_root(state_dir) / node_name(r, i))
+                dir=state_dir / "nodes" / node_name(r, i), runtime_dir=runtime_root(state_dir) / node_name(r, i),
+                hollow=r >= first_rack + racks - hollow_racks)
         for r in range(first_rack, first_rack + racks) for i in range(nodes_per_rack)
     ]
 

@@ -143,6 +143,42 @@ def test_nodes_register_ready_with_gb200_capacity_and_renew_leases(cluster: Clus
     assert stale == [], "the kubelet must wipe its node's slices at start"
 
 
+def test_a_deleted_lease_is_made_again(cluster: Cluster, sim_nodes: list[SimNode]) -> None:
+    """The kubelet's lease controller creates its Lease when it is gone; without that the node goes
+    NotReady for good."""
+    client, name = cluster.client, sim_nodes[1].name
+    client.delete(Lease, name, namespace="kube-node-lease")
+    lease = eventually("the Lease to be made again",
+                       lambda: next(iter(client.list(Lease, namespace="kube-node-lease",
+                                                     fields={"metadata.name": name})), None), timeout=25)
+    assert lease.spec.holderIdentity == name and lease.metadata.ownerReferences[0].name == name
+
+
+def test_a_pod_the_node_controller_marked_not_ready_is_ready_again(cluster: Cluster,
+                                                                    sim_nodes: list[SimNode]) -> None:
+    """The node-lifecycle controller sets `Ready` False on the pods of a node it saw go NotReady;
+    once the node heartbeats again, its kubelet writes the pod's real status back (before, the pod
+    stayed `ContainersReady` True, `Ready` False for good, and a DaemonSet's rollout never finished)."""
+    client = cluster.client
+    name = f"ready-{uuid.uuid4().hex[:6]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": sim_nodes[1].name},
+        containers=[Container(name="main", image="registry.invalid/serve:1")])))
+
+    def ready() -> str | None:
+        pod = client.get(Pod, name, namespace="default")
+        return next((c.status for c in (pod.status.conditions or []) if c.type == "Ready"), None) \
+            if pod.status else None
+
+    eventually("the pod to be Ready", lambda: ready() == "True")
+    # What the node-lifecycle controller writes (MarkPodsNotReady): the Ready condition alone, False.
+    client.patch(Pod.Status, name, {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}}, namespace="default")
+    eventually("the kubelet to write Ready again", lambda: ready() == "True", timeout=15)
+    client.delete(Pod, name, namespace="default")
+    eventually("the pod to be removed", lambda: phase(client, name) == "Gone")
+
+
 def test_pod_with_a_claim_is_prepared_resolved_and_started(cluster: Cluster, sim_nodes: list[SimNode],
                                                            plugin: FakePlugin) -> None:
     client, node = cluster.client, sim_nodes[0]

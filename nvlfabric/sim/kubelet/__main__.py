@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--racks", type=int, default=1)
     ap.add_argument("--nodes-per-rack", type=int, default=18)
     ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
+    ap.add_argument("--hollow-racks", type=int, default=0,
+                    help="the last N racks are hollow: their DaemonSets' pods run nothing "
+                         "(nvlfabric/sim/kubelet/hollow.py)")
     ap.add_argument("--images", default="{}", help='JSON: image (no tag) → its ENTRYPOINT (a list), or '
                                                    '{"entrypoint": [...], "cmd": [...]}: run as a local process')
     ap.add_argument("--pki-dir", type=Path, default=None,
@@ -61,15 +64,16 @@ async def run(args: argparse.Namespace) -> None:
         assert resp.status is not None
         return str(resp.status.token)
 
-    nodes = [n for n in rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack)
-             if n.name not in args.exclude]
+    nodes = [n for n in rack_nodes(args.state_dir, args.racks, args.nodes_per_rack, first_rack=args.first_rack,
+                                   hollow_racks=args.hollow_racks) if n.name not in args.exclude]
     kubelet = SimKubelet(
         client, nodes,
         KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)
                               for k, v in json.loads(args.images).items()}, api_server=server,
                       pki_dir=args.pki_dir,
-                      hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes}),
-        token_requester=token_for)
+                      hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes if not n.hollow}),
+        token_requester=token_for,
+        heartbeat_client=AsyncClient(config=config, field_manager="nvlfabric-sim-kubelet"))
     await kubelet.start()
     logging.getLogger("nvlfabric.sim.kubelet").info("simulated kubelets ready: %d nodes", len(kubelet.nodes))
     print("ready", flush=True)
@@ -80,6 +84,7 @@ async def run(args: argparse.Namespace) -> None:
     await stop.wait()
     await kubelet.stop()
     await client.close()
+    await kubelet.heartbeat_client.close()
 
 
 def main(argv: list[str] | None = None) -> int:

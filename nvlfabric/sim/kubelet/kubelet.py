@@ -65,6 +65,7 @@ from nvlfabric.sim import hardware, pki
 from nvlfabric.sim.images import ImageProgram, image_name
 from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs, volumes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
+from nvlfabric.sim.kubelet.hollow import HollowAgent, is_agent
 from nvlfabric.sim.kubelet.plugins import Plugin, PluginCallError, RegistrationError, register, registry_sockets
 from nvlfabric.sim.kubelet.processes import PodProcess, container_config, start_pod_process, stop_all
 from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode, node_labels
@@ -73,7 +74,13 @@ log = logging.getLogger("nvlfabric.sim.kubelet")
 
 LEASE_DURATION_S = 40
 LEASE_RENEW_S = LEASE_DURATION_S / 4
-STATUS_REPORT_S = 60.0
+LEASE_RETRY_S = (0.2, 0.4, 0.8, 1.6, 3.2, 7.0)
+"""A failed renewal is tried again this soon (the kubelet's lease controller backs off from 200 ms
+to 7 s), not a whole renew interval later: at 144 nodes on 2 cores, renewals lost to a busy API
+server one interval after another let the node-lifecycle controller mark 21 nodes NotReady."""
+STATUS_REPORT_S = 300.0
+"""The kubelet reports an unchanged node status every 5 minutes (nodeStatusReportFrequency); the
+Lease is the heartbeat."""
 PLUGIN_SCAN_S = 0.5
 WIPING_DELAY_S = 30.0
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pod sync back-off, capped like the kubelet's (shorter here)
@@ -95,7 +102,7 @@ def rfc3339(t: datetime.datetime | None = None) -> str:
 class NodeState:
     node: SimNode
     uid: str = ""
-    plugins: dict[Path, Plugin] = field(default_factory=dict)  # registry socket → plugin
+    plugins: dict[Path, Plugin | HollowAgent] = field(default_factory=dict)  # registry socket → plugin
     driver_gone_since: dict[str, float] = field(default_factory=dict)
     prepared: dict[str, dict[str, list[ClaimRef]]] = field(default_factory=dict)  # pod uid → driver → claims
     processes: dict[tuple[str, str], PodProcess] = field(default_factory=dict)
@@ -120,8 +127,10 @@ class NodeState:
     """The first process of the node's PID namespace (the node is a machine: its /proc is its own)."""
     pidns: str | None = None
     """/proc/<that process>/ns/pid, which the node's containers enter."""
+    hollow_agent_pod: str | None = None
+    """On a hollow node: the uid of the agent pod its HollowAgent stands in for (hollow.py)."""
 
-    def plugin_for(self, driver: str) -> Plugin | None:
+    def plugin_for(self, driver: str) -> Plugin | HollowAgent | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
 
 
@@ -163,6 +172,11 @@ def reserved_for(claim: ResourceClaim, pod: Pod) -> bool:
     return False
 
 
+def _daemon_pod(pod: Pod) -> bool:
+    """Whether a DaemonSet owns the pod: node-level software, which a hollow node runs hollow."""
+    return any(o.kind == "DaemonSet" for o in (pod.metadata.ownerReferences or [] if pod.metadata else []))
+
+
 class PodFailed(Exception):
     """The pod failed for good (an init container failed under `restartPolicy: Never`)."""
 
@@ -194,8 +208,13 @@ class KubeletConfig:
 
 class SimKubelet:
     def __init__(self, client: AsyncClient, nodes: Sequence[SimNode], config: KubeletConfig,
-                 *, token_requester: Callable[[str, str, str], Any] | None = None) -> None:
+                 *, token_requester: Callable[[str, str, str], Any] | None = None,
+                 heartbeat_client: AsyncClient | None = None) -> None:
         self.client = client
+        # Heartbeats have a client (a connection pool) of their own, as the kubelet's do: pod
+        # syncs that fill the main client's pool while hundreds of pods start must not delay a
+        # Lease renewal past the node-lifecycle controller's grace period.
+        self.heartbeat_client = heartbeat_client or client
         self.config = config
         self.nodes = {n.name: NodeState(n) for n in nodes}
         self.token_requester = token_requester
@@ -212,14 +231,23 @@ class SimKubelet:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # A hollow node becomes a machine (and serves its kubelet API) only when a process is to
+        # run on it (hollow.py): a thousand idle PID namespaces and TLS servers would cost more
+        # than the nodes themselves.
         for state in self.nodes.values():
-            self._start_machine(state)
+            if not state.node.hollow:
+                self._start_machine(state)
         await asyncio.gather(*(self._register_node(s) for s in self.nodes.values()))
         if self.config.pki_dir is not None:
             for state in self.nodes.values():
-                await self._serve_api(state, self.config.pki_dir)
-        self._tasks = [asyncio.create_task(self._supervise(loop)) for loop in
-                       (self._lease_loop, self._status_loop, self._plugin_loop, self._pod_watch)]
+                if not state.node.hollow:
+                    await self._serve_api(state, self.config.pki_dir)
+        self._tasks = [asyncio.create_task(self._supervise(loop)) for loop in (self._plugin_loop, self._pod_watch)]
+        # Each node heartbeats on its own phase, as independent kubelets do, rather than all
+        # nodes in one burst every interval.
+        self._tasks += [asyncio.create_task(self._supervise(functools.partial(self._heartbeats, s,
+                                                                               i / len(self.nodes))))
+                        for i, s in enumerate(self.nodes.values())]
 
     async def _supervise(self, loop: Callable[[], Any]) -> None:
         """Keep a background loop alive: log what broke it and start it again."""
@@ -353,33 +381,59 @@ class SimKubelet:
         assert obj.metadata is not None
         state.uid = obj.metadata.uid or ""
         await self.client.patch(Node.Status, n.name, self._node_status(n))
-        lease = Lease(
-            metadata=ObjectMeta(name=n.name, namespace="kube-node-lease", ownerReferences=[
-                OwnerReference(apiVersion="v1", kind="Node", name=n.name, uid=state.uid)]),
-            spec=LeaseSpec(holderIdentity=n.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=now()))
         with contextlib.suppress(errors.AlreadyExists), api_call(f"create the Lease of Node {n.name}"):
-            await self.client.create(lease)
+            await self.client.create(self._lease(state))
         # A starting kubelet deletes every ResourceSlice of its node; drivers must republish.
         await self._wipe_slices(n.name, driver=None)
 
-    async def _lease_loop(self) -> None:
+    async def _heartbeats(self, state: NodeState, phase: float) -> None:
+        """One node's Lease renewals every LEASE_RENEW_S (a failed one tried again within LEASE_RETRY_S)
+        and its status report every STATUS_REPORT_S, starting `phase` of an interval late. A node
+        that is "down" (nvlfabric-sim fault node-down) stops both, as a dead machine does; the
+        node-lifecycle controller then marks it NotReady and taints it."""
+        await asyncio.sleep(phase * LEASE_RENEW_S)
+        next_status = time.monotonic() + STATUS_REPORT_S * (1 + phase)
         while not self._stopping.is_set():
-            await asyncio.sleep(LEASE_RENEW_S)
+            due = time.monotonic() + LEASE_RENEW_S
+            if not state.node.is_down():
+                await self._renew(state, due)
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + STATUS_REPORT_S
+                    with contextlib.suppress(Exception):
+                        await self.heartbeat_client.patch(Node.Status, state.node.name, self._node_status(state.node))
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+    async def _renew(self, state: NodeState, due: float) -> None:
+        """Renew the node's Lease (made anew when it is gone, as the kubelet's lease controller
+        does), trying again with back-off until the next renewal is due."""
+        name = state.node.name
+        for delay in (*LEASE_RETRY_S, None):
             stamp = now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            # A node that is "down" (nvlfabric-sim fault node-down) stops its heartbeats, as a dead
-            # machine does; the node-lifecycle controller then marks it NotReady and taints it.
-            await asyncio.gather(*(self._renew(name, stamp) for name, s in self.nodes.items() if not s.node.is_down()),
-                                 return_exceptions=True)
+            try:
+                try:
+                    with api_call(f"renew the Lease of Node {name}"):
+                        await self.heartbeat_client.patch(Lease, name, {"spec": {"renewTime": stamp}},
+                                                          namespace="kube-node-lease", patch_type=PatchType.MERGE)
+                except errors.NotFound:
+                    with api_call(f"create the Lease of Node {name}"):
+                        await self.heartbeat_client.create(self._lease(state))
+                    log.info("node %s: its Lease was gone; created it again", name)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # API and transport errors alike: a heartbeat must go on
+                if delay is None or time.monotonic() + delay >= due:
+                    log.warning("node %s: renewing its Lease failed (%s); trying at the next interval", name, exc)
+                    return
+                log.info("node %s: renewing its Lease failed (%s); trying again in %.1f s", name, exc, delay)
+                await asyncio.sleep(delay)
 
-    async def _renew(self, name: str, stamp: str) -> None:
-        await self.client.patch(Lease, name, {"spec": {"renewTime": stamp}}, namespace="kube-node-lease",
-                                patch_type=PatchType.MERGE)
-
-    async def _status_loop(self) -> None:
-        while not self._stopping.is_set():
-            await asyncio.sleep(STATUS_REPORT_S)
-            await asyncio.gather(*(self.client.patch(Node.Status, s.node.name, self._node_status(s.node))
-                                   for s in self.nodes.values() if not s.node.is_down()), return_exceptions=True)
+    def _lease(self, state: NodeState) -> Lease:
+        n = state.node
+        return Lease(
+            metadata=ObjectMeta(name=n.name, namespace="kube-node-lease", ownerReferences=[
+                OwnerReference(apiVersion="v1", kind="Node", name=n.name, uid=state.uid)]),
+            spec=LeaseSpec(holderIdentity=n.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=now()))
 
     async def _wipe_slices(self, node: str, *, driver: str | None) -> None:
         fields: dict[str, Any] = {"spec.nodeName": node} | ({"spec.driver": driver} if driver else {})
@@ -393,7 +447,8 @@ class SimKubelet:
     async def _plugin_loop(self) -> None:
         while not self._stopping.is_set():
             for state in self.nodes.values():
-                await self._scan_plugins(state)
+                if not state.node.hollow:  # a hollow node's plugin is its HollowAgent, registered in-process
+                    await self._scan_plugins(state)
                 await self._restart_exited(state)
             await asyncio.sleep(PLUGIN_SCAN_S)
 
@@ -490,6 +545,21 @@ class SimKubelet:
             return {"containerStatuses": statuses}
 
         await self._rewrite_status(state, uid, edit)
+
+    async def _resync_status(self, state: NodeState, pod: Pod) -> None:
+        """Write a running pod's readiness again when the API server's copy says otherwise, as the
+        kubelet's status manager does: the node-lifecycle controller sets `Ready` False on the pods
+        of a node it marked NotReady, and once the node is back nothing else would set it True
+        again (the pod stayed `ContainersReady` True, `Ready` False for good)."""
+        assert pod.metadata is not None and pod.spec is not None
+        uid = pod.metadata.uid or ""
+        want = all(state.ready.get((uid, c.name), True) for c in pod.spec.containers)
+        conditions = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
+        if conditions.get("Ready") != ("True" if want else "False") or \
+                conditions.get("ContainersReady") != ("True" if want else "False"):
+            log.info("pod %s/%s: its status says Ready=%s, the node says %s; writing it again",
+                     pod.metadata.namespace, pod.metadata.name, conditions.get("Ready"), want)
+            await self._write_ready(state, uid)
 
     async def _write_ready(self, state: NodeState, uid: str) -> None:
         """Re-write one running pod's readiness: its containers' `ready`, its Ready condition."""
@@ -684,6 +754,8 @@ class SimKubelet:
                     return
                 if uid not in state.started:
                     await self._start(state, pod)
+                elif phase == "Running" and not state.node.is_down():
+                    await self._resync_status(state, pod)
                 if await self._maybe_complete(state, pod):
                     return
                 return
@@ -730,7 +802,7 @@ class SimKubelet:
         assert pod.metadata is not None and pod.spec is not None
         namespace, name, account = pod.metadata.namespace or "default", pod.metadata.name or "", \
             pod.spec.serviceAccountName
-        runs = any(image_name(c.image or "") in self.config.images for c in pod.spec.containers)
+        runs = any(self._runs(self.nodes[pod.spec.nodeName or ""], pod, c) for c in pod.spec.containers)
         token: list[str | None] = []
 
         async def pod_token() -> str | None:
@@ -834,16 +906,15 @@ class SimKubelet:
         uid = pod.metadata.uid or ""
         for c in pod.spec.initContainers or []:
             key = (uid, c.name)
-            image = image_name(c.image or "")
             if c.restartPolicy == "Always":
-                if image in self.config.images and key not in state.processes:
+                if self._runs(state, pod, c) and key not in state.processes:
                     state.processes[key] = self._container_process(state, pod, c, edits, files)
                     self._start_prober(state, key)
                 continue
             if key in state.init_done:
                 continue
             started = rfc3339()
-            if image not in self.config.images:
+            if not self._runs(state, pod, c):
                 state.init_done[key] = {"exitCode": 0, "reason": "Completed", "startedAt": started,
                                         "finishedAt": started}
                 continue
@@ -926,6 +997,10 @@ class SimKubelet:
     def _container_process(self, state: NodeState, pod: Pod, container: Container,
                            edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:
         program = self.config.images[image_name(container.image or "")]
+        if state.pidns is None:  # a hollow node's first process: it becomes a machine now
+            self._start_machine(state)
+            if self.config.pki_dir is not None:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._serve_api(state, self.config.pki_dir)))
         if self.config.shim is None:
             self.config.shim = hardware.build_standins()["nvlfabric-shim"]
         return start_pod_process(node=state.node, pod=pod, container=container, program=program,
@@ -940,11 +1015,28 @@ class SimKubelet:
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
         for container in pod.spec.containers:
-            image = image_name(container.image or "")
-            if image not in self.config.images or (uid, container.name) in state.processes:
+            if state.node.hollow and _daemon_pod(pod) and is_agent(container.image or "", [
+                    *(container.command or []), *(container.args or [])]):
+                await self._start_hollow_agent(state, uid)
+            if not self._runs(state, pod, container) or (uid, container.name) in state.processes:
                 continue
             state.processes[(uid, container.name)] = self._container_process(state, pod, container, edits, files)
             self._start_prober(state, (uid, container.name))
+
+    def _runs(self, state: NodeState, pod: Pod, container: Container) -> bool:
+        """Whether the container runs as a local process here: its image maps to a program, and it
+        is not a DaemonSet's on a hollow node (which runs nothing: hollow.py)."""
+        return image_name(container.image or "") in self.config.images and not (state.node.hollow and _daemon_pod(pod))
+
+    async def _start_hollow_agent(self, state: NodeState, uid: str) -> None:
+        """The agent pod runs on a hollow node: its HollowAgent labels the node and registers, as
+        the agent process would."""
+        if state.hollow_agent_pod == uid:
+            return
+        agent = HollowAgent(self.client, state.node, hardware.node_clique(state.node))
+        await agent.start()
+        state.plugins[agent.registration_socket] = agent
+        state.hollow_agent_pod = uid
 
     async def _report_running(self, state: NodeState, pod: Pod) -> None:
         """Write the pod Running: each container's readiness, restarts and last termination as its
@@ -1016,6 +1108,9 @@ class SimKubelet:
             state.terminated.pop(key, None)
         # All its containers at once, SIGTERM then SIGKILL after the grace (as the kubelet stops a pod).
         stop_all([state.processes.pop(k) for k in keys], timeout=PROCESS_STOP_TIMEOUT_S)
+        if state.hollow_agent_pod == uid:  # the agent stops: its plugin is unregistered (its labels stay)
+            state.hollow_agent_pod = None
+            state.plugins = {k: p for k, p in state.plugins.items() if not isinstance(p, HollowAgent)}
         prepared = state.prepared.get(uid)
         if prepared is None and pod.spec and pod.spec.resourceClaims:
             # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the
