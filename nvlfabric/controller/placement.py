@@ -157,6 +157,12 @@ def node_rooms(nodes: Iterable[Mapping[str, object]], pods: Iterable[Mapping[str
         assert isinstance(spec, Mapping) and isinstance(status, Mapping)
         if spec.get("nodeName") and status.get("phase") not in ("Succeeded", "Failed"):
             used[str(spec["nodeName"])] = used.get(str(spec["nodeName"]), 0) + gpus_of(p)
+    return rooms_of(nodes, used, tolerations)
+
+
+def rooms_of(nodes: Iterable[Mapping[str, object]], used: Mapping[str, int],
+             tolerations: Sequence[Mapping[str, object]] = ()) -> list[NodeRoom]:
+    """`node_rooms` with the GPUs each node's unfinished pods hold already summed (`used`)."""
     out = []
     for n in nodes:
         meta, spec, status = n.get("metadata") or {}, n.get("spec") or {}, n.get("status") or {}

@@ -130,9 +130,11 @@ def existing_slices(client: Client, clique: str) -> list[ResourceSlice]:
     return list(client.list(ResourceSlice, labels={POOL_LABEL: pool_name(clique)}))
 
 
-def apply(client: Client, clique: str, channels: int, owner: Owner | None = None) -> Plan:
-    """Reconcile one clique's pool; returns what was done."""
-    p = plan(clique, channels, existing_slices(client, clique), owner)
+def apply(client: Client, clique: str, channels: int, owner: Owner | None = None, *,
+          existing: Sequence[ResourceSlice] | None = None) -> Plan:
+    """Reconcile one clique's pool against its `existing` slices (listed now when not given);
+    returns what was done."""
+    p = plan(clique, channels, existing_slices(client, clique) if existing is None else existing, owner)
     for s in p.create:
         client.create(s)
     for s in p.update:

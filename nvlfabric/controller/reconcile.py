@@ -37,31 +37,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightkube import Client
-from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass
 from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import feasibility, health, pools
+from nvlfabric.controller import feasibility, pools
+from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
+    AgentNode,
+    ComputeDomainResource,
+    Informers,
+    allocation_of,
+)
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.controller")
-ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
-
-
-def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
-    """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
-    if claim is None or claim.status is None or claim.status.allocation is None:
-        return None
-    devices = claim.status.allocation.devices
-    for r in (devices.results or []) if devices else []:
-        clique, channel = names.clique_of_pool(r.pool), names.channel_of_device(r.device)
-        if r.driver == names.DRIVER and clique is not None and channel is not None:
-            return clique, channel
-    return None
 
 
 @dataclass(frozen=True)
@@ -209,23 +200,40 @@ def free_channels(allocations: Iterable[tuple[str, int] | None], per_clique: int
     return {c: max(0, per_clique - n) for c, n in used.items()}
 
 
+OWNER_TTL_S = 10.0
+"""How long the DeviceClass read for the pools' owner is trusted while the informers watch."""
+
+
 class Controller:
     def __init__(self, client: Client, *, channels_per_clique: int = 128,
-                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
+                 informers: Informers | None = None) -> None:
         self.client = client
         self.channels = channels_per_clique
         self.imex_modes = imex_modes
+        self.cache = informers or Informers.of(client)
         self.clique_nodes: dict[str, int] = {}
         """Clique → Nodes its agents labelled with it, as of the last domain pass."""
+        self._owner_read: tuple[float, pools.Owner | None] | None = None
+        self._pool_seen: dict[str, Any] = {}
+        """Clique → what its pool was last reconciled against: unchanged, it is not planned again."""
+        self._domain_seen: dict[str, Any] = {}
+        """Domain → the inputs of its last summary: unchanged, it is not summarised again."""
 
     def _owner(self) -> pools.Owner | None:
+        if self._owner_read is not None and self.cache.nodes.watching and \
+                time.monotonic() - self._owner_read[0] < OWNER_TTL_S:
+            return self._owner_read[1]
         try:
             with api_call(f"read DeviceClass {names.DEVICE_CLASS}"):
                 dc = self.client.get(DeviceClass, names.DEVICE_CLASS)
         except errors.NotFound:
-            return None
-        assert dc.metadata is not None
-        return pools.Owner("resource.k8s.io/v1", "DeviceClass", names.DEVICE_CLASS, dc.metadata.uid or "")
+            owner = None
+        else:
+            assert dc.metadata is not None
+            owner = pools.Owner("resource.k8s.io/v1", "DeviceClass", names.DEVICE_CLASS, dc.metadata.uid or "")
+        self._owner_read = (time.monotonic(), owner)
+        return owner
 
     def reconcile_pools(self) -> set[str]:
         owner = self._owner()
@@ -233,86 +241,88 @@ class Controller:
             # Without the DeviceClass nobody can claim channels, and pools published now would
             # outlive an uninstall; publish once the driver install has created it.
             log.warning("DeviceClass %s does not exist; not publishing channel pools", names.DEVICE_CLASS)
-        labelled = self.client.list(Node, labels={names.CLIQUE_LABEL: None})
-        cliques = {n.metadata.labels[names.CLIQUE_LABEL] for n in labelled if n.metadata and n.metadata.labels}
+        cliques = {n.clique for n in self.cache.nodes.fresh().values() if n.clique}
+        by_clique: dict[str | None, list[Any]] = {}
+        for s in self.cache.slices.fresh().values():
+            pool = (s.metadata.labels or {}).get(names.POOL_LABEL, "")
+            by_clique.setdefault(names.clique_of_pool(pool), []).append(s)
         for clique in sorted(cliques) if owner is not None else []:
-            done = pools.apply(self.client, clique, self.channels, owner)
+            have = by_clique.get(clique, [])
+            seen = (self.channels, owner, tuple(sorted((s.metadata.name, s.metadata.resourceVersion) for s in have)))
+            if self._pool_seen.get(clique) == seen:
+                continue
+            done = pools.apply(self.client, clique, self.channels, owner, existing=have)
+            self._pool_seen[clique] = seen if done.empty() else None
             if not done.empty():
                 log.info("clique %s: pool updated (%d created, %d updated, %d deleted)", clique, len(done.create),
                          len(done.update), len(done.delete))
-        published = {names.clique_of_pool((s.metadata.labels or {}).get(names.POOL_LABEL, ""))
-                     for s in self.client.list(ResourceSlice, labels={names.POOL_LABEL: None}) if s.metadata}
-        for gone in sorted(c for c in published - cliques if c is not None):
+        for gone in sorted(c for c in by_clique.keys() - cliques if c is not None):
             log.info("clique %s has no nodes any more: withdrawing its pool", gone)
             pools.withdraw(self.client, gone)
+            self._pool_seen.pop(gone, None)
         return cliques
 
     def agent_nodes(self) -> tuple[dict[str, str], dict[tuple[str, str], list[api.NodeStatus]]]:
-        """What the nodes' agents report, read from their Nodes: unhealthy fabrics (Node name →
-        why its NVLinkFabricReady condition is False), and each ComputeDomain's member entries,
-        (namespace, name) → entries by node name (annotations `nvlfabric.io/cd-<hash>`; the
-        entry's name is its Node's, whatever the annotation says). Nodes with an agent carry the
-        fabric-ready label; the list is read every pass, so a domain follows its agents within a pass."""
+        """What the nodes' agents report, from their Nodes: unhealthy fabrics (Node name → why its
+        NVLinkFabricReady condition is False), and each ComputeDomain's member entries,
+        (namespace, name) → entries by node name (annotations `nvlfabric.io/cd-<hash>`; the entry's
+        name is its Node's, whatever the annotation says)."""
         unhealthy: dict[str, str] = {}
         entries: dict[tuple[str, str], list[api.NodeStatus]] = {}
         cliques: dict[str, int] = {}
-        for n in self.client.list(Node, labels={names.FABRIC_READY_LABEL: None}):
-            name = n.metadata.name if n.metadata else None
-            if not name:
-                continue
-            clique = (n.metadata.labels or {}).get(names.CLIQUE_LABEL) if n.metadata else None
-            if clique:
-                cliques[clique] = cliques.get(clique, 0) + 1
-            cond = next((c for c in (n.status.conditions if n.status else None) or []
-                         if c.type == names.FABRIC_CONDITION), None)
-            if cond is not None and cond.status == "False":
-                unhealthy[name] = f"{cond.reason}: {cond.message}" if cond.message else str(cond.reason)
-            for report in api.node_reports(n.metadata.annotations if n.metadata else None):
-                entry = report.entry.model_copy(update={"name": name})
-                entries.setdefault((report.namespace, report.name), []).append(entry)
+        for n in self.cache.nodes.fresh().values():
+            if n.clique:
+                cliques[n.clique] = cliques.get(n.clique, 0) + 1
+            if n.unhealthy is not None:
+                unhealthy[n.name] = n.unhealthy
+            for namespace, name, entry in n.reports:
+                entries.setdefault((namespace, name), []).append(entry)
         self.clique_nodes = cliques
         return unhealthy, {k: sorted(v, key=lambda e: e.name) for k, v in entries.items()}
 
     def reconcile_domains(self) -> None:
-        seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]]]] = []
+        seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]], tuple[str, ...]]] = []
         unhealthy, entries = self.agent_nodes()
-        obj: Any
-        for obj in self.client.list(ComputeDomainResource, namespace="*"):
-            meta = obj.metadata
-            try:
-                cd = api.ComputeDomain.model_validate(obj.to_dict())
-                seen.append((obj, cd, [(c, allocation_of(self._claim(cd, c)))
-                                       for c in api.channel_claim_names(cd.metadata.name, cd.spec)]))
-            except (errors.NvlfabricError, ValueError) as exc:
-                log.warning("ComputeDomain %s/%s: %s", meta.namespace if meta else "?", meta.name if meta else "?", exc)
+        claims = self.cache.claims.fresh()
+        for (namespace, name), record in sorted(self.cache.domains.fresh().items()):
+            cd = record.cd
+            if cd is None:
+                log.warning("ComputeDomain %s/%s: %s", namespace, name, record.error)
+                continue
+            refs = [claims.get((namespace or "default", c)) for c in api.channel_claim_names(cd.metadata.name, cd.spec)]
+            seen.append((record.obj, cd, [(c, r.allocation if r else None) for c, r in
+                                          zip(api.channel_claim_names(cd.metadata.name, cd.spec), refs, strict=True)],
+                         tuple(r.rv if r else "" for r in refs)))
         slots = assign_port_slots([
             SlotRequest(_key(cd), allocs[0][1][0] if allocs[0][1] else None,
                         cd.status.imex_port_slot if cd.status else None,
                         str(obj.metadata.creationTimestamp or "") if obj.metadata else "")
-            for obj, cd, allocs in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
+            for obj, cd, allocs, _ in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
         inventory = feasibility.Inventory(
             nodes=self.clique_nodes, modes=self.imex_modes, channels_per_clique=self.channels,
-            free_channels=free_channels((a for _, _, allocs in seen for _, a in allocs), self.channels))
+            free_channels=free_channels((a for _, _, allocs, _ in seen for _, a in allocs), self.channels))
         now = datetime.datetime.now(datetime.UTC)
-        for obj, cd, allocs in seen:
+        live = set()
+        for obj, cd, allocs, claim_rvs in seen:
+            key = _key(cd)
+            live.add(key)
             placed = sum(1 for _, a in allocs if a is not None)
             why = feasibility.verdict(cd.spec, inventory, placed) if placed < len(allocs) else None
             blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
+            members = entries.get((cd.metadata.namespace or "default", cd.metadata.name), [])
+            inputs = ((obj.metadata.resourceVersion if obj.metadata else None), claim_rvs, blocked, slots.get(key),
+                      tuple((e.name, e.address, e.clique, e.ready, e.message, unhealthy.get(e.name)) for e in members))
+            if self._domain_seen.get(key) == inputs:
+                continue  # nothing it is summarised from changed since its last pass
             try:
-                with api_call(f"update the status of ComputeDomain {_key(cd)}"):
-                    self._reconcile_domain(obj, cd, allocs, slots.get(_key(cd)), unhealthy,
-                                           entries.get((cd.metadata.namespace or "default", cd.metadata.name), []),
-                                           blocked)
+                with api_call(f"update the status of ComputeDomain {key}"):
+                    self._reconcile_domain(obj, cd, allocs, slots.get(key), unhealthy, members, blocked)
+                self._domain_seen[key] = inputs
             except (errors.NvlfabricError, ValueError) as exc:
-                log.warning("ComputeDomain %s: %s", _key(cd), exc)
-
-    def _claim(self, cd: api.ComputeDomain, name: str) -> ResourceClaim | None:
-        namespace = cd.metadata.namespace or "default"
-        try:
-            with api_call(f"read claim {namespace}/{name}"):
-                return self.client.get(ResourceClaim, name, namespace=namespace)
-        except errors.NotFound:
-            return None
+                self._domain_seen.pop(key, None)
+                log.warning("ComputeDomain %s: %s", key, exc)
+        for gone in self._domain_seen.keys() - live:
+            del self._domain_seen[gone]
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
                           port_slot: int | None, unhealthy: Mapping[str, str] | None = None,
@@ -347,75 +357,52 @@ class Controller:
                      namespace, name, ", ".join(sorted(str(s) for s in stale)))
         body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": namespace},
                 "status": summary}
-        self.client.patch(ComputeDomainResource.Status, name, body, namespace=namespace,
-                          patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER, force=True)
+        written = self.client.patch(ComputeDomainResource.Status, name, body, namespace=namespace,
+                                    patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER,
+                                    force=True)
+        self.cache.domains.put(written)  # the next pass reads what was written, not the watch's lag
         log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
 
-    def _poke_on(self, what: str, watch: Callable[[], Any], changed: Callable[[str, Any], bool],
-                 poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """Poke the loop on every event of `watch()` that `changed` says matters, so a domain's
-        summary follows within a debounce, not a full interval; a failed watch is watched again
-        (backing off) and only slows summaries to the interval."""
-        failures = 0
-        while not stop():
-            try:
-                for kind, obj in watch():
-                    failures = 0
-                    if changed(kind, obj):
-                        poke.set()
-                    if stop():
-                        return
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                time.sleep(health.watch_failed(what, exc, failures, log))
+    def _poke_on_changes(self, poke: threading.Event) -> None:
+        """Poke the loop when what a summary reads changes, so a domain's summary follows within a
+        debounce, not a full interval: any domain or claim change, and of the agents' Nodes only
+        their reports, clique and fabric health (a kubelet's status updates are not news)."""
+        def any_change(kind: str, key: Any, old: Any, new: Any) -> None:
+            poke.set()
 
-    def _watch_reports(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """The agents' reports on their Nodes: poke when they change, not on every Node write (a
-        kubelet's status updates would keep the loop busy for nothing)."""
-        seen: dict[str, dict[str, str]] = {}
+        def node_change(kind: str, key: Any, old: AgentNode | None, new: AgentNode | None) -> None:
+            if old is None or new is None or (old.clique, old.unhealthy, old.reports) != \
+                    (new.clique, new.unhealthy, new.reports):
+                poke.set()
 
-        def changed(kind: str, node: Any) -> bool:
-            meta = node.metadata
-            if meta is None or not meta.name:
-                return False
-            reports = {} if kind == "DELETED" else {k: v for k, v in (meta.annotations or {}).items()
-                                                    if k.startswith(names.NODE_REPORT_PREFIX)}
-            if seen.get(meta.name, {}) == reports:
-                return False
-            seen[meta.name] = reports
-            return True
-
-        self._poke_on("Node", lambda: self.client.watch(Node, labels={names.FABRIC_READY_LABEL: None},
-                                                        server_timeout=60), changed, poke, stop)
-
-    def _watch_domains(self, poke: threading.Event, stop: Callable[[], bool]) -> None:
-        """Every ComputeDomain change (a new domain, a spec change)."""
-        self._poke_on(api.KIND, lambda: self.client.watch(ComputeDomainResource, namespace="*", server_timeout=60),
-                      lambda kind, obj: True, poke, stop)
+        self.cache.domains.listen(any_change)
+        self.cache.claims.listen(any_change)
+        self.cache.slices.listen(any_change)
+        self.cache.nodes.listen(node_change)
 
     def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
             reserve_ahead: bool = True, debounce_s: float = 0.1) -> None:
-        """Pools every interval; domains every interval and, between, soon after any domain
-        changed (the summary pass is cheap; our own status write pokes once more, finds nothing
-        to change and writes nothing)."""
+        """Pools and domains every interval and, between, soon after anything they read changed:
+        each pass reads the informers (informer.py), summarises only the domains whose inputs
+        changed, and writes only what differs."""
+        poke = threading.Event()
+        self._poke_on_changes(poke)
         if reserve_ahead:
             reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels,
-                                imex_modes=self.imex_modes)
+                                imex_modes=self.imex_modes, informers=self.cache)
             threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
-        poke = threading.Event()
-        threading.Thread(target=self._watch_domains, args=(poke, stop), name="watch-domains", daemon=True).start()
-        threading.Thread(target=self._watch_reports, args=(poke, stop), name="watch-reports", daemon=True).start()
-        next_pools = 0.0
+        for inf in self.cache.all():
+            inf.start(stop)
+        for inf in self.cache.all():
+            while not inf.synced.wait(1.0) and not stop():
+                pass
         while not stop():
             try:
                 with api_call("controller pass"):
-                    if time.monotonic() >= next_pools:
-                        next_pools = time.monotonic() + interval_s
-                        self.reconcile_pools()
+                    self.reconcile_pools()
                     self.reconcile_domains()
             except errors.NvlfabricError as exc:
                 log.warning("reconcile pass failed, retrying at the next: %s", exc)
-            if poke.wait(max(0.0, min(interval_s, next_pools - time.monotonic()))):
+            if poke.wait(interval_s):
                 time.sleep(debounce_s)  # the members of one domain report together
             poke.clear()

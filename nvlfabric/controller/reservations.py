@@ -70,11 +70,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import Client, operators
+from lightkube import Client
 from lightkube.models import resource_v1 as models
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
@@ -90,6 +90,7 @@ from nvlfabric.api.names import (
     RESERVATION_GATE,
 )
 from nvlfabric.controller import health, placement
+from nvlfabric.controller.cache import Informers
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.reservations")
@@ -322,8 +323,15 @@ class Reserver:
 
     def __init__(self, client: Client, driver: str, *, coalesce_s: float = COALESCE_S,
                  channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE,
-                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode)) -> None:
+                 imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
+                 informers: Informers | None = None) -> None:
         self.client, self.driver, self.coalesce_s = client, driver, coalesce_s
+        # Claims, agents' Nodes and bound pods come from the controller's informers (cache.py)
+        # when it shares them (it runs their watches), else from informers of its own.
+        self._owns_cache = informers is None
+        self.cache = informers or Informers.of(client)
+        self.cache.claims.listen(lambda kind, key, old, new: self._claim_changed(
+            kind, key, None if new is None else new.raw))
         self.channels_per_clique = channels_per_clique
         self.imex_modes = frozenset(m.value for m in imex_modes)
         """A claim of another mode is never placed nor let through: no node would prepare it, and
@@ -369,16 +377,18 @@ class Reserver:
     def _claim_event(self, kind: str, obj: ResourceClaim) -> None:
         if obj.metadata is None:
             return
-        key = (obj.metadata.namespace or "default", obj.metadata.name or "")
+        self._claim_changed(kind, (obj.metadata.namespace or "default", obj.metadata.name or ""), obj.to_dict())
+
+    def _claim_changed(self, kind: str, key: Key, raw: Mapping[str, Any] | None) -> None:
         with self._lock:
-            if kind == "DELETED":
+            if kind == "DELETED" or raw is None:
                 self._claims.pop(key, None)
                 self._placed.pop(key, None)
                 self._last_user.pop(key, None)
                 self._no_room.pop(key, None)
                 self._unseen.pop(key, None)
                 return
-            self._claims[key] = state = claim_state(obj.to_dict(), self.driver)
+            self._claims[key] = state = claim_state(raw, self.driver)
             if (unseen := self._unseen.get(key)) is not None:
                 for uid in state.reserved:
                     unseen.pop(uid, None)
@@ -415,10 +425,6 @@ class Reserver:
     def _reset_pods(self) -> None:
         with self._lock:
             self._pods.clear()
-
-    def _reset_claims(self) -> None:
-        with self._lock:
-            self._claims.clear()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -551,15 +557,17 @@ class Reserver:
         if not jobs:
             return
         try:
-            with api_call("list the Nodes and bound pods to place channel claims"):
-                nodes = [n.to_dict() for n in self.client.list(Node, labels={CLIQUE_LABEL: operators.exists()})]
-                pods = [p.to_dict() for p in self.client.list(Pod, namespace="*", fields={
-                    "spec.nodeName": operators.not_equal("")})]
+            with api_call("read the Nodes and bound pods to place channel claims"):
+                nodes = [n.placement for n in self.cache.nodes.fresh().values() if n.clique]
+                used: dict[str, int] = {}
+                for node, gpus, finished in self.cache.bound_pods.fresh().values():
+                    if not finished:
+                        used[node] = used.get(node, 0) + gpus
         except errors.ApiStatusError as exc:
             log.warning("%s; placing at the next pass", exc)
             return
         for groups, taken, _ in jobs:
-            rooms = placement.node_rooms(nodes, pods, tolerations[id(groups)])
+            rooms = placement.rooms_of(nodes, used, tolerations[id(groups)])
             free = {c: channels.get(c, self.channels_per_clique) for c in {r.clique for r in rooms}}
             got = placement.place(groups, rooms, free, held, exclude=taken)
             if isinstance(got, placement.NoRoom):
@@ -686,11 +694,11 @@ class Reserver:
 
     def run(self, stop: Callable[[], bool]) -> None:
         """Both watches in threads of their own; passes here until `stop()`."""
-        for res, handler, reset, selector in (
-                (Pod, self._pod_event, self._reset_pods, {"fields": {"spec.nodeName": ""}}),
-                (ResourceClaim, self._claim_event, self._reset_claims, {})):
-            threading.Thread(target=self._follow, args=(res, handler, reset, stop), kwargs=selector,
-                             name=f"watch-{res.__name__}", daemon=True).start()
+        threading.Thread(target=self._follow, args=(Pod, self._pod_event, self._reset_pods, stop),
+                         kwargs={"fields": {"spec.nodeName": ""}}, name="watch-Pod", daemon=True).start()
+        if self._owns_cache:
+            for inf in (self.cache.claims, self.cache.nodes, self.cache.bound_pods):
+                inf.start(stop)
         last_resync = time.monotonic()
         try:
             while not stop():

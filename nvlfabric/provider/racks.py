@@ -10,6 +10,7 @@ and its GPUs: allocatable and requested by the pods on it that have not finished
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from lightkube import Client
@@ -127,30 +128,38 @@ def rack_conflicts(nodes: Sequence[NodeView], rack: str) -> tuple[list[str], lis
     return refused, warned
 
 
+OBSERVE_IN_FLIGHT = 16
+"""Node reads in flight at once. A rack's observation is 2 reads per node (its Node, the pods bound
+to it: the API server answers that from its watch cache's node index); one after another, a program
+of 64 racks spent 23 s of every preview on 2,304 round trips before declaring its first domain."""
+
+
 def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[NodeView]:
-    out = []
-    for name in names:
-        try:
-            with api_call(f"read Node {name}"):
-                node = client.get(Node, name)
-        except errors.NotFound:
-            out.append(NodeView(name=name, exists=False))
-            continue
-        labels = (node.metadata.labels if node.metadata else None) or {}
-        conditions = (node.status.conditions if node.status else None) or []
-        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-        allocatable = _quantity(((node.status.allocatable if node.status else None) or {}).get(gpu_resource, 0))
+    """Each named node as the cluster has it now (in the order given)."""
+    with ThreadPoolExecutor(min(OBSERVE_IN_FLIGHT, max(1, len(names))), thread_name_prefix="observe") as pool:
+        return list(pool.map(lambda name: _observe_node(client, name, gpu_resource), names))
+
+
+def _observe_node(client: Client, name: str, gpu_resource: str) -> NodeView:
+    try:
+        with api_call(f"read Node {name}"):
+            node = client.get(Node, name)
+    except errors.NotFound:
+        return NodeView(name=name, exists=False)
+    labels = (node.metadata.labels if node.metadata else None) or {}
+    conditions = (node.status.conditions if node.status else None) or []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    allocatable = _quantity(((node.status.allocatable if node.status else None) or {}).get(gpu_resource, 0))
+    with api_call(f"list the pods of Node {name}"):
         pods = list(client.list(Pod, namespace="*", fields={"spec.nodeName": name}))
-        by_workload: dict[str, list[Pod]] = {}
-        for p in pods:
-            workload = ((p.metadata.labels if p.metadata else None) or {}).get(WORKLOAD_LABEL)
-            if workload and p.metadata:
-                by_workload.setdefault(f"{p.metadata.namespace or 'default'}/{workload}", []).append(p)
-        clique = labels.get(CLIQUE_LABEL) or labels.get(NVIDIA_CLIQUE_LABEL)
-        out.append(NodeView(name=name, exists=True, ready=ready, clique=clique,
-                            fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
-                            gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource),
-                            rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL),
-                            gpus_by_workload=tuple(sorted((w, _requested(ps, gpu_resource))
-                                                          for w, ps in by_workload.items()))))
-    return out
+    by_workload: dict[str, list[Pod]] = {}
+    for p in pods:
+        workload = ((p.metadata.labels if p.metadata else None) or {}).get(WORKLOAD_LABEL)
+        if workload and p.metadata:
+            by_workload.setdefault(f"{p.metadata.namespace or 'default'}/{workload}", []).append(p)
+    clique = labels.get(CLIQUE_LABEL) or labels.get(NVIDIA_CLIQUE_LABEL)
+    return NodeView(name=name, exists=True, ready=ready, clique=clique,
+                    fabric_ready=labels.get(FABRIC_READY_LABEL) == "true",
+                    gpus_allocatable=allocatable, gpus_requested=_requested(pods, gpu_resource),
+                    rack=labels.get(RACK_LABEL), rack_owner=label_owner(node, RACK_LABEL),
+                    gpus_by_workload=tuple(sorted((w, _requested(ps, gpu_resource)) for w, ps in by_workload.items())))

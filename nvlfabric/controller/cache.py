@@ -1,0 +1,139 @@
+"""What the controller's passes read: the informers (informer.py) and the records they keep.
+
+Each record is what the readers need of an object, parsed once per change of it: an agent's Node
+(clique, fabric health, its reports per ComputeDomain, what placement reads), a ComputeDomain
+validated, a claim with its allocation, a bound pod as the GPUs it holds on its node. Records
+compare by resourceVersion (or by value, where that is small), so a write that changes nothing a
+reader uses is no news to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightkube import Client, operators
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from nvlfabric.api import computedomain as api
+from nvlfabric.api import names
+from nvlfabric.controller import placement
+from nvlfabric.controller.informer import Informer
+
+ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
+
+
+def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
+    """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
+    if claim is None or claim.status is None or claim.status.allocation is None:
+        return None
+    devices = claim.status.allocation.devices
+    for r in (devices.results or []) if devices else []:
+        clique, channel = names.clique_of_pool(r.pool), names.channel_of_device(r.device)
+        if r.driver == names.DRIVER and clique is not None and channel is not None:
+            return clique, channel
+    return None
+
+
+@dataclass(frozen=True)
+class AgentNode:
+    """A Node with nvlfabric's agent, as the passes read it (parsed once per change of the Node)."""
+
+    name: str
+    clique: str | None
+    unhealthy: str | None
+    """Why its NVLinkFabricReady condition is False; None while it is not."""
+    reports: tuple[tuple[str, str, api.NodeStatus], ...]
+    """(namespace, name, entry) of each ComputeDomain its agent reports on (entry named as the Node)."""
+    placement: dict[str, Any] = field(compare=False)
+    """What placement reads of it (labels, taints, schedulability, conditions, allocatable)."""
+    rv: str = ""
+
+
+def agent_node(obj: Any) -> AgentNode:
+    raw = obj.to_dict()
+    meta, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
+    name = meta.get("name") or ""
+    labels = meta.get("labels") or {}
+    cond = next((c for c in status.get("conditions") or [] if c.get("type") == names.FABRIC_CONDITION), None)
+    unhealthy = None
+    if cond is not None and cond.get("status") == "False":
+        unhealthy = f"{cond.get('reason')}: {cond.get('message')}" if cond.get("message") else str(cond.get("reason"))
+    reports = tuple((r.namespace, r.name, r.entry.model_copy(update={"name": name}))
+                    for r in api.node_reports(meta.get("annotations")))
+    return AgentNode(name=name, clique=labels.get(names.CLIQUE_LABEL), unhealthy=unhealthy, reports=reports,
+                     placement={"metadata": {"name": name, "labels": labels},
+                                "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+                                "status": {"conditions": status.get("conditions") or [],
+                                           "allocatable": status.get("allocatable") or {}}},
+                     rv=meta.get("resourceVersion") or "")
+
+
+@dataclass(frozen=True)
+class DomainRecord:
+    rv: str
+    obj: Any = field(compare=False)
+    cd: api.ComputeDomain | None = field(compare=False)
+    error: str | None = field(compare=False, default=None)
+
+
+def domain_record(obj: Any) -> DomainRecord:
+    meta = obj.metadata
+    try:
+        return DomainRecord((meta.resourceVersion if meta else None) or "", obj,
+                            api.ComputeDomain.model_validate(obj.to_dict()))
+    except ValueError as exc:
+        return DomainRecord((meta.resourceVersion if meta else None) or "", obj, None, str(exc))
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    rv: str
+    raw: dict[str, Any] = field(compare=False)
+    allocation: tuple[str, int] | None = field(compare=False, default=None)
+
+
+def claim_record(obj: Any) -> ClaimRecord:
+    raw = obj.to_dict()
+    (raw.get("metadata") or {}).pop("managedFields", None)
+    return ClaimRecord(((raw.get("metadata") or {}).get("resourceVersion")) or "", raw, allocation_of(obj))
+
+
+def slice_record(obj: Any) -> Any:
+    return obj
+
+
+def pod_usage(obj: Any) -> tuple[str, int, bool]:
+    """A bound pod as placement counts it: (its node, the GPUs it holds, finished)."""
+    raw = obj.to_dict()
+    phase = (raw.get("status") or {}).get("phase")
+    return ((raw.get("spec") or {}).get("nodeName") or "", placement.gpus_of(raw), phase in ("Succeeded", "Failed"))
+
+
+@dataclass
+class Informers:
+    """What the controller and its Reserver read, each a list and a watch (informer.py)."""
+
+    nodes: Informer[AgentNode]
+    domains: Informer[DomainRecord]
+    claims: Informer[ClaimRecord]
+    slices: Informer[Any]
+    bound_pods: Informer[tuple[str, int, bool]]
+
+    @classmethod
+    def of(cls, client: Client) -> Informers:
+        return cls(
+            nodes=Informer(client, Node, namespaced=False, labels={names.FABRIC_READY_LABEL: None}, slim=agent_node),
+            domains=Informer(client, ComputeDomainResource, slim=domain_record, name=api.KIND),
+            claims=Informer(client, ResourceClaim, slim=claim_record),
+            slices=Informer(client, ResourceSlice, namespaced=False, labels={names.POOL_LABEL: None},
+                            slim=slice_record),
+            bound_pods=Informer(client, Pod, fields={"spec.nodeName": operators.not_equal("")}, slim=pod_usage,
+                                name="Pod (bound)"))
+
+    def all(self) -> list[Informer[Any]]:
+        return [self.nodes, self.domains, self.claims, self.slices, self.bound_pods]
+
+
