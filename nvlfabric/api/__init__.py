@@ -1,54 +1,29 @@
 """The contract room: nvlfabric's own Kubernetes API (`nvlfabric.io`): pydantic models that are the one source of the
-CRD schemas (`nvlfabric.api.crdgen` generates `nvlfabric/manifests/crds/` from them)."""
+CRD schemas (`nvlfabric.api.crdgen` generates `nvlfabric/manifests/crds/` from them).
 
-from nvlfabric.api.computedomain import (
-    API_VERSION,
-    CRD_NAME,
-    KIND,
-    PLURAL,
-    VERSION,
-    ChannelAllocationMode,
-    ChannelClaim,
-    ComputeDomain,
-    ComputeDomainSpec,
-    ComputeDomainStatus,
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    IMEXMode,
-    NodeStatus,
-    ObjectMeta,
-    Phase,
-    Placement,
-    PlacementScope,
-    channel_claim_name,
-    immutable_changes,
-    node_status_apply,
-)
-from nvlfabric.api.names import GROUP
+The ComputeDomain models are imported on first use of a name (`nvlfabric.api.ComputeDomain`),
+not with the package: every process of the driver imports `nvlfabric.api.names`, and the IMEX
+keeper on every node needs none of the ~100 model classes (13 MB of its memory when they came
+with any `nvlfabric.api` import).
+"""
 
-__all__ = [
-    "API_VERSION",
-    "CRD_NAME",
-    "GROUP",
-    "KIND",
-    "PLURAL",
-    "VERSION",
-    "ChannelAllocationMode",
-    "ChannelClaim",
-    "ComputeDomain",
-    "ComputeDomainSpec",
-    "ComputeDomainStatus",
-    "Condition",
-    "ConditionStatus",
-    "ConditionType",
-    "IMEXMode",
-    "NodeStatus",
-    "ObjectMeta",
-    "Phase",
-    "Placement",
-    "PlacementScope",
-    "channel_claim_name",
-    "immutable_changes",
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODELS = (
+    "API_VERSION", "CRD_NAME", "KIND", "PLURAL", "VERSION", "ChannelAllocationMode", "ChannelClaim", "ComputeDomain",
+    "ComputeDomainSpec", "ComputeDomainStatus", "Condition", "ConditionStatus", "ConditionType", "IMEXMode",
+    "NodeStatus", "ObjectMeta", "Phase", "Placement", "PlacementScope", "channel_claim_name", "immutable_changes",
     "node_status_apply",
-]
+)
+__all__ = ["GROUP", *_MODELS]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GROUP":
+        return importlib.import_module("nvlfabric.api.names").GROUP
+    if name in _MODELS:
+        return getattr(importlib.import_module("nvlfabric.api.computedomain"), name)
+    raise AttributeError(f"module 'nvlfabric.api' has no attribute {name!r}")

@@ -37,6 +37,7 @@ Not thread-safe: the caller serialises calls per domain.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import ipaddress
 import itertools
@@ -49,9 +50,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.nodeagent import files
 
@@ -113,49 +111,85 @@ class WaitForQuorum(enum.StrEnum):
     RECOVERY = "RECOVERY"
 
 
-Port = Annotated[int, Field(ge=1, le=65535)]
+_LIMITS: dict[str, tuple[int, int]] = {
+    "LOG_LEVEL": (0, 5), "LOG_APPEND_TO_LOG": (0, 1), "DAEMONIZE": (0, 1), "SERVER_PORT": (1, 65535),
+    "IMEX_ENABLE_AUTH_ENCRYPTION": (0, 1), "IMEX_CMD_ENABLED": (0, 1), "IMEX_CMD_PORT": (1, 65535),
+    "IMEX_NODE_DISCONNECTED_GRACE_TIME": (-1, 2**31 - 1),
+}
 
 
-class ImexConfig(BaseModel):
+@dataclass(frozen=True)
+class ImexConfig:
     """The IMEX config keys this agent sets (names as the daemon reads them; NVIDIA's IMEX guide).
 
     Keys not listed keep the daemon's defaults. Defaults here are the child-process settings NVIDIA's
     DRA driver uses: foreground, log to stderr (captured into imex.log), command service enabled.
+
+    A dataclass checked in `__post_init__`, not a pydantic model: the IMEX keeper, one process on
+    every node, loads this module, and pydantic costs a process 18 MB before its first model
+    (docs/architecture.md, "Scale").
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    LOG_LEVEL: Annotated[int, Field(ge=0, le=5)] = 4
-    LOG_FILE_NAME: str = ""
-    LOG_APPEND_TO_LOG: Literal[0, 1] = 0
-    DAEMONIZE: Literal[0, 1] = 0
     BIND_INTERFACE_IP: str
-    SERVER_PORT: Port = DEFAULT_SERVER_PORT
-    IMEX_NODE_CONFIG_FILE: Annotated[str, Field(min_length=1)]
-    IMEX_WAIT_FOR_QUORUM: WaitForQuorum = WaitForQuorum.RECOVERY
-    IMEX_ENABLE_AUTH_ENCRYPTION: Literal[0, 1] = 0
-    IMEX_CMD_ENABLED: Literal[0, 1] = 1
+    IMEX_NODE_CONFIG_FILE: str
     IMEX_CMD_BIND_INTERFACE_IP: str
-    IMEX_CMD_PORT: Port = DEFAULT_CMD_PORT
-    IMEX_NODE_DISCONNECTED_GRACE_TIME: Annotated[int, Field(ge=-1)] = -1
+    LOG_LEVEL: int = 4
+    LOG_FILE_NAME: str = ""
+    LOG_APPEND_TO_LOG: int = 0
+    DAEMONIZE: int = 0
+    SERVER_PORT: int = DEFAULT_SERVER_PORT
+    IMEX_WAIT_FOR_QUORUM: WaitForQuorum = WaitForQuorum.RECOVERY
+    IMEX_ENABLE_AUTH_ENCRYPTION: int = 0
+    IMEX_CMD_ENABLED: int = 1
+    IMEX_CMD_PORT: int = DEFAULT_CMD_PORT
+    IMEX_NODE_DISCONNECTED_GRACE_TIME: int = -1
     """Seconds a lost peer stays RECOVERING before its imports are cleaned up; -1 = wait forever."""
+
+    #: The order the keys are written in (the daemon reads them in any order).
+    ORDER = ("LOG_LEVEL", "LOG_FILE_NAME", "LOG_APPEND_TO_LOG", "DAEMONIZE", "BIND_INTERFACE_IP", "SERVER_PORT",
+             "IMEX_NODE_CONFIG_FILE", "IMEX_WAIT_FOR_QUORUM", "IMEX_ENABLE_AUTH_ENCRYPTION", "IMEX_CMD_ENABLED",
+             "IMEX_CMD_BIND_INTERFACE_IP", "IMEX_CMD_PORT", "IMEX_NODE_DISCONNECTED_GRACE_TIME")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "IMEX_WAIT_FOR_QUORUM":
+                try:
+                    object.__setattr__(self, f.name, WaitForQuorum(value))
+                except ValueError:
+                    raise ValueError(f"{f.name}: {value!r} is not one of "
+                                     f"{', '.join(m.value for m in WaitForQuorum)}") from None
+            elif f.name in _LIMITS:
+                low, high = _LIMITS[f.name]
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise ValueError(f"{f.name}: {value!r} is not a whole number in {low}..{high}")
+            elif not isinstance(value, str):
+                raise ValueError(f"{f.name}: {value!r} is not a string")
+        if not self.IMEX_NODE_CONFIG_FILE:
+            raise ValueError("IMEX_NODE_CONFIG_FILE: must not be empty")
 
     @classmethod
     def parse(cls, text: str) -> ImexConfig:
-        """The keys of a config file this module rendered (comments and unknown keys ignored)."""
+        """The keys of a config file this module rendered (comments and unknown keys ignored); a
+        value out of its range is a ValueError naming the key."""
         values: dict[str, str | int] = {}
         for line in text.splitlines():
             key, sep, value = line.partition("=")
-            field = cls.model_fields.get(key.strip())
-            if sep and not line.startswith("#") and field is not None:
-                # The file has no types: the numeric keys are those whose default is a number.
-                numeric = isinstance(field.default, int) and not isinstance(field.default, enum.Enum)
-                values[key.strip()] = int(value) if numeric else value.strip()
-        return cls.model_validate(values)
+            key = key.strip()
+            if sep and not line.startswith("#") and key in cls.ORDER:
+                # The file has no types: the numeric keys are those with limits.
+                try:
+                    values[key] = int(value) if key in _LIMITS else value.strip()
+                except ValueError:
+                    raise ValueError(f"{key}: {value.strip()!r} is not a whole number") from None
+        try:
+            return cls(**values)  # type: ignore[arg-type]
+        except TypeError as exc:  # a required key missing
+            raise ValueError(f"the config lacks a key: {exc}") from None
 
     def render(self, *, header: str = "") -> str:
         lines = [f"# {line}".rstrip() for line in header.splitlines()]
-        for key in type(self).model_fields:
+        for key in self.ORDER:
             value = getattr(self, key)
             if "\n" in str(value) or "\r" in str(value):
                 raise ValueError(f"{key}: value must be a single line")

@@ -3,7 +3,7 @@
 An IMEX daemon restart invalidates every NVLink mapping imported through it, so the daemons must
 not share the agent's lifetime: the agent is restarted by crashes, OOM kills and every DaemonSet
 rolling update, and in a container its children die with it. The keeper is a small process with
-no API client and no gRPC (the standard library and pydantic), run by its own DaemonSet
+no API client, no gRPC and no pydantic (the standard library alone), run by its own DaemonSet
 (`nvlfabric-imex`, update strategy OnDelete) that shares the IMEX work directory with the agent
 (`<kubelet root>/plugins/<driver>/imex`). The agent stays the brain: it decides which domains run
 with which members and waits for READY itself (`nvidia-imex-ctl`); the keeper only starts, signals
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -28,11 +30,9 @@ import socketserver
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from typing import Any, Literal
 
 from nvlfabric.api import names, process
 from nvlfabric.api.process import SettingsError
@@ -47,33 +47,34 @@ WATCH_S = 1.0
 """How often the keeper looks for daemons that exited on their own (to say so in its log)."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# The protocol's messages are frozen dataclasses read by hand (`_decode`), not pydantic models:
+# this process runs on every node, and pydantic costs a process 18 MB before its first model
+# (docs/architecture.md, "Scale"). Four small messages do not need it.
 
 
-class Ensure(_Model):
-    op: Literal["ensure"] = "ensure"
+@dataclass(frozen=True)
+class Ensure:
     domain: str
     bind_address: str
     server_port: int
     cmd_port: int
     members: list[str]
+    op: Literal["ensure"] = "ensure"
 
 
-class Stop(_Model):
-    op: Literal["stop"] = "stop"
+@dataclass(frozen=True)
+class Stop:
     domain: str
+    op: Literal["stop"] = "stop"
 
 
-class Status(_Model):
+@dataclass(frozen=True)
+class Status:
     op: Literal["status"] = "status"
 
 
-Request = Annotated[Ensure | Stop | Status, Field(discriminator="op")]
-_REQUEST: TypeAdapter[Ensure | Stop | Status] = TypeAdapter(Request)
-
-
-class DomainState(_Model):
+@dataclass(frozen=True)
+class DomainState:
     domain: str
     pid: int | None
     exit: int | None
@@ -83,12 +84,65 @@ class DomainState(_Model):
     adopted: bool
 
 
-class Reply(_Model):
+@dataclass(frozen=True)
+class Reply:
     ok: bool = True
     error: str = ""
     done: str | None = None
     """For Ensure: "started", "members changed", or None (nothing to do)."""
-    domains: list[DomainState] = []
+    domains: list[DomainState] = field(default_factory=list)
+
+
+_KINDS: dict[str, Any] = {"str": str, "int": int, "bool": bool, "int | None": (int, type(None)),
+                          "str | None": (str, type(None))}
+
+
+def _decode(cls: Any, raw: Any) -> Any:
+    """`cls` from a JSON object, each field of its declared type (extra keys refused): what a
+    strict model would check, named by field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{cls.__name__}: not a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if unknown := raw.keys() - fields.keys():
+        raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{cls.__name__}.{name}: missing")
+            continue
+        value, kind = raw[name], str(f.type)
+        if kind == "list[str]":
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif kind == "list[DomainState]":
+            value = [_decode(DomainState, v) for v in value] if isinstance(value, list) else value
+            ok = isinstance(value, list)
+        elif kind.startswith("Literal["):
+            ok = value == f.default
+        else:
+            types = _KINDS[kind]
+            ok = isinstance(value, types) and not (isinstance(value, bool) and types in (int, (int, type(None))))
+        if not ok:
+            raise ValueError(f"{cls.__name__}.{name}: {value!r} is not a {kind}")
+        values[name] = value
+    return cls(**values)
+
+
+def decode_request(line: bytes) -> Ensure | Stop | Status:
+    """A request line; ValueError naming what is wrong with it."""
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    kind = {"ensure": Ensure, "stop": Stop, "status": Status}.get(str(raw.get("op")) if isinstance(raw, dict) else "")
+    if kind is None:
+        raise ValueError("op: must be one of ensure, stop, status")
+    result: Ensure | Stop | Status = _decode(kind, raw)
+    return result
+
+
+def encode(message: Any) -> bytes:
+    return json.dumps(dataclasses.asdict(message), separators=(",", ":")).encode() + b"\n"
 
 
 # -- the keeper ---------------------------------------------------------------------------------
@@ -193,15 +247,18 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         line = self.rfile.readline(1 << 20)
         try:
-            reply = self.server.keeper.handle(_REQUEST.validate_json(line))
-        except ValidationError as exc:
-            reply = Reply(ok=False, error=f"bad request: {exc.errors()[0].get('msg', exc)}")
+            request = decode_request(line)
+        except ValueError as exc:
+            self.wfile.write(encode(Reply(ok=False, error=f"bad request: {exc}")))
+            return
+        try:
+            reply = self.server.keeper.handle(request)
         except (imex.ImexError, OSError, ValueError) as exc:
             reply = Reply(ok=False, error=str(exc))
         except Exception as exc:  # one bad call must not end the keeper: it holds every daemon
             log.exception("internal error")
             reply = Reply(ok=False, error=f"internal error: {type(exc).__name__}: {exc}")
-        self.wfile.write(reply.model_dump_json().encode() + b"\n")
+        self.wfile.write(encode(reply))
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -243,15 +300,15 @@ def call(path: Path, req: Ensure | Stop | Status, *, timeout: float = CALL_TIMEO
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(str(path))
-            s.sendall(req.model_dump_json().encode() + b"\n")
+            s.sendall(encode(req))
             with s.makefile("rb") as f:
                 line = f.readline(1 << 22)
     except OSError as exc:
         raise KeeperUnavailable(f"the IMEX keeper at {path} does not answer ({exc.strerror or exc}); is the "
                                 "nvlfabric-imex DaemonSet's pod running on this node?") from exc
     try:
-        reply = Reply.model_validate_json(line)
-    except ValidationError as exc:
+        reply: Reply = _decode(Reply, json.loads(line))
+    except ValueError as exc:
         raise KeeperUnavailable(f"the IMEX keeper at {path} answered {line[:200]!r}: not a reply") from exc
     if not reply.ok:
         raise imex.ImexError(f"the IMEX keeper refused: {reply.error}")

@@ -3,7 +3,9 @@ runs survives the agent and even the keeper process itself (it is adopted, not r
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -152,3 +154,26 @@ def test_the_keeper_process_stops_its_daemons_on_sigterm_and_says_so(nodes: Node
             proc.kill()
         import shutil
         shutil.rmtree(kubelet_root, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    (b'{"op": "ensure", "domain": "a", "bind_address": "x", "server_port": "50000", "cmd_port": 1, "members": []}',
+     "Ensure.server_port: '50000' is not a int"),
+    (b'{"op": "ensure", "domain": "a", "bind_address": "x", "server_port": 1, "cmd_port": 1, "members": [1]}',
+     "Ensure.members: [1] is not a list[str]"),
+    (b'{"op": "stop"}', "Stop.domain: missing"),
+    (b'{"op": "stop", "domain": "a", "force": true}', "Stop: unknown field(s) force"),
+    (b'{"op": "restart"}', "op: must be one of ensure, stop, status"),
+    (b'not json', "not JSON"),
+])
+def test_a_bad_request_is_refused_naming_the_field(line: bytes, error: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        imexkeeper.decode_request(line)
+
+
+def test_messages_round_trip() -> None:
+    reply = imexkeeper.Reply(done="started", domains=[imexkeeper.DomainState("clique-a", 7, None, ["10.0.0.1"], 50000,
+                                                                             False)])
+    assert imexkeeper._decode(imexkeeper.Reply, json.loads(imexkeeper.encode(reply))) == reply
+    ensure = Ensure(domain="a", bind_address="10.0.0.1", server_port=1, cmd_port=2, members=["10.0.0.1"])
+    assert imexkeeper.decode_request(imexkeeper.encode(ensure)) == ensure
