@@ -24,6 +24,11 @@ NAMESPACE: Final = "nvlfabric-system"
 AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
 """An agent's field manager is this plus its node name: it owns its node's status entries."""
 CONTROLLER_FIELD_MANAGER: Final = "nvlfabric-controller"
+RACK_FIELD_MANAGER_PREFIX: Final = "nvlfabric-rack-"
+"""An Nvl72Rack applies its Nodes' labels and taints as `nvlfabric-rack-<its resource name>`."""
+RACK_NODES_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:RackNodes", "nvlfabric:kubernetes:RackNodes")
+"""The Pulumi types of an Nvl72Rack's node labelling: a Python program's dynamic resource, the
+component provider's own. Racks of releases before 0.2 made a `kubernetes:core/v1:NodePatch` per node."""
 
 # -- the node's IMEX work directory ----------------------------------------------------------------
 # Shared by the agent and the IMEX keeper (two DaemonSets), and bounded by the driver component.

@@ -11,7 +11,8 @@ mismatch with the declared clique (or a rack whose nodes report more than one cl
 warning in the `pulumi up` output naming the nodes. These are read when the program runs, before
 the update's own changes.
 
-Taints are applied with the labels (server-side apply of the Node's metadata and spec.taints).
+Labels and taints are applied by one resource for the whole rack (nvlfabric/provider/racknodes.py:
+server-side apply of each Node's metadata and spec.taints under the rack's own field manager).
 A Node's taint list is one atomic field: the rack's taints replace the list, so declare every
 taint a rack's nodes should carry (the kubelet's and the node controller's own taints come back
 by themselves).
@@ -22,13 +23,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pulumi
-import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
-from nvlfabric.components import capacity, program
+from nvlfabric.components import capacity, program, served
 from nvlfabric.components._args import ComponentArgsError, validate
-from nvlfabric.provider import kube, racks
+from nvlfabric.provider import kube, racknodes, racks
+from nvlfabric.provider.racknodes import RackNodesArgs
 
 
 class Taint(BaseModel):
@@ -107,6 +108,8 @@ class Nvl72Rack(pulumi.ComponentResource):
                                      + "\n".join(f"  nodes: {r}" for r in refused))
         for w in warned:
             pulumi.log.warn(f"rack {a.name}: {w}", resource=self)
+        self.labelled_nodes: list[str] = []
+        """The Nodes the rack labels (those found, when observed)."""
         if a.label_nodes:
             for n in a.nodes:  # a node labelled by two racks: two owners of its nvlfabric.io/rack label
                 program.take("Node", "", n, component="Nvl72Rack", resource_name=resource_name)
@@ -114,10 +117,13 @@ class Nvl72Rack(pulumi.ComponentResource):
             node_labels = {RACK_LABEL: a.name}
             if a.expected_clique:
                 node_labels[EXPECTED_CLIQUE_LABEL] = a.expected_clique
-            spec = {"taints": [t.model_dump() for t in a.taints]} if a.taints else None
-            self.patches = [k8s.core.v1.NodePatch(f"{resource_name}-{n}", metadata={"name": n, "labels": node_labels},
-                                                  spec=spec, opts=pulumi.ResourceOptions(parent=self))
-                            for n in a.nodes if n not in missing]
+            # One resource for the rack's nodes, not a NodePatch per node: see provider/racknodes.py.
+            labelled = RackNodesArgs(rack=a.name, manager=racknodes.field_manager(resource_name),
+                                     nodes=[n for n in a.nodes if n not in missing], labels=node_labels,
+                                     taints=[t.model_dump() for t in a.taints])
+            self.labelled_nodes = labelled.nodes
+            (served.RackNodes if served.serving() else racknodes.RackNodes)(
+                f"{resource_name}-nodes", labelled, opts=pulumi.ResourceOptions(parent=self))
         self.nodes = pulumi.Output.from_input(list(a.nodes))
         self.gpus = pulumi.Output.from_input(len(a.nodes) * GPUS_PER_NODE)
         self.expected_clique = pulumi.Output.from_input(a.expected_clique)

@@ -5,8 +5,9 @@ the engine runs its CRUD in the program's own Python, which has nvlfabric instal
 TypeScript program has no such Python. For its dynamic resources the engine would start `python3`
 from PATH (or the project's `runtime.options.virtualenv`), which knows nothing of nvlfabric, and the
 preview fails with "No module named 'pulumi'". So when the components run inside the component
-provider (`serve_resources()`), a ComputeDomain registers `nvlfabric:kubernetes:ComputeDomain`
-instead: a custom resource of this package. The engine sends its check, diff, create, read, update
+provider (`serve_resources()`), a ComputeDomain registers `nvlfabric:kubernetes:ComputeDomain` (and an
+Nvl72Rack its node labelling `nvlfabric:kubernetes:RackNodes`) instead: a custom resource of this
+package. The engine sends its check, diff, create, read, update
 and delete to the nvlfabric plugin, which runs in its own virtualenv and calls the same
 `ComputeDomainProvider` a Python program's dynamic resource does. Only where the code runs changes:
 the inputs, the outputs and the behaviour stay the same.
@@ -29,6 +30,7 @@ from pulumi.provider import Provider
 from pulumi.provider.server import ProviderServicer
 from pulumi.runtime import proto, rpc
 
+from nvlfabric.api import names
 from nvlfabric.api.errors import NvlfabricError
 from nvlfabric.provider.computedomain import (
     ComputeDomainOutputs,
@@ -36,10 +38,14 @@ from nvlfabric.provider.computedomain import (
     ResourceInputs,
     resource_inputs,
 )
+from nvlfabric.provider.racknodes import RackNodesArgs, RackNodesProvider
 
 COMPUTE_DOMAIN: Final = "nvlfabric:kubernetes:ComputeDomain"
 """The type token of a ComputeDomain's object when the component provider serves it."""
-PROVIDERS: Final[dict[str, Callable[[], ResourceProvider]]] = {COMPUTE_DOMAIN: ComputeDomainProvider}
+RACK_NODES: Final = names.RACK_NODES_TYPES[1]
+"""... and of an Nvl72Rack's node labelling."""
+PROVIDERS: Final[dict[str, Callable[[], ResourceProvider]]] = {COMPUTE_DOMAIN: ComputeDomainProvider,
+                                                                RACK_NODES: RackNodesProvider}
 
 _serving: list[bool] = []
 T = TypeVar("T")
@@ -61,6 +67,13 @@ class ComputeDomain(pulumi.CustomResource, ComputeDomainOutputs):
     def __init__(self, resource_name: str, opts: pulumi.ResourceOptions | None = None,
                  **inputs: Unpack[ResourceInputs]) -> None:
         super().__init__(COMPUTE_DOMAIN, resource_name, resource_inputs(**inputs), opts)
+
+
+class RackNodes(pulumi.CustomResource):
+    """An Nvl72Rack's labels and taints on its Nodes, served by nvlfabric's component provider."""
+
+    def __init__(self, resource_name: str, args: RackNodesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(RACK_NODES, resource_name, args.model_dump() | {"missing": None, "drift": None}, opts)
 
 
 def _type_of(urn: str) -> str:

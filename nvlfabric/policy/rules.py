@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nvlfabric.api.names import RACK_LABEL
+from nvlfabric.api.names import RACK_LABEL, RACK_NODES_TYPES
 
 DOMAIN_TYPES = ("pulumi-python:dynamic/nvlfabric:ComputeDomain", "nvlfabric:index:ComputeDomainResource")
 WORKLOAD_TEMPLATES = {
@@ -70,7 +70,11 @@ def channel_shortfall(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> str
                 for e in c.get("env") or []:
                     if e.get("name") == "CHANNELS_PER_CLIQUE":
                         per_clique = int(e.get("value") or 0)
-        elif resource_type == "kubernetes:core/v1:NodePatch":
+        elif resource_type in RACK_NODES_TYPES:
+            rack = (props.get("labels") or {}).get(RACK_LABEL)
+            if rack:
+                racks.add(rack)
+        elif resource_type == "kubernetes:core/v1:NodePatch":  # racks of releases before 0.2
             rack = (_at(props, ("metadata", "labels")) or {}).get(RACK_LABEL)
             if rack:
                 racks.add(rack)

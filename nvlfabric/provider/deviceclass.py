@@ -23,12 +23,10 @@ from pulumi import ResourceOptions
 from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
-    ConfigureRequest,
     CreateResult,
     DiffResult,
     ReadResult,
     Resource,
-    ResourceProvider,
     UpdateResult,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -99,19 +97,7 @@ def _outputs(obj: K8sDeviceClass, *, adopt: bool) -> dict[str, Any]:
 host.install()  # in the dynamic provider host: our errors as their message, no traceback
 
 
-class DeviceClassProvider(ResourceProvider):
-    # Nothing secret is captured; skipping the per-resource encryption keeps big stacks fast.
-    serialize_as_secret_always = False
-
-    def __init__(self) -> None:
-        self.kubeconfig: str | None = None
-
-    def configure(self, req: ConfigureRequest) -> None:
-        self.kubeconfig = req.config.get("kubernetes:kubeconfig") or req.config.get("nvlfabric:kubeconfig")
-
-    def _client(self) -> Any:
-        return kube.client(kube.kubeconfig_source(getattr(self, "kubeconfig", None)))
-
+class DeviceClassProvider(kube.KubeProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(news, check_failures(news))
 

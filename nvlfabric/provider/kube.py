@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from lightkube import Client
+from pulumi.dynamic import ConfigureRequest, ResourceProvider
 
 from nvlfabric.kube import client as kube_client
 
@@ -34,3 +36,21 @@ def client(source: str) -> Client:
         if source not in _clients:
             _clients[source] = kube_client.from_kubeconfig(source, field_manager="nvlfabric")
         return _clients[source]
+
+
+class KubeProvider(ResourceProvider):
+    """A dynamic provider that talks to the cluster of the stack's `kubernetes:kubeconfig` (or the
+    component provider's `nvlfabric:kubeconfig`), else `$KUBECONFIG`: only the source is kept,
+    the client is built on first use in the provider process."""
+
+    # Nothing secret is captured; skipping the per-resource encryption keeps big stacks fast.
+    serialize_as_secret_always = False
+
+    def __init__(self) -> None:
+        self.kubeconfig: str | None = None
+
+    def configure(self, req: ConfigureRequest) -> None:
+        self.kubeconfig = req.config.get("kubernetes:kubeconfig") or req.config.get("nvlfabric:kubeconfig")
+
+    def _client(self) -> Any:
+        return client(kubeconfig_source(getattr(self, "kubeconfig", None)))

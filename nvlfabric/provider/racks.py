@@ -17,7 +17,13 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.api import errors
-from nvlfabric.api.names import CLIQUE_LABEL, FABRIC_READY_LABEL, RACK_LABEL, WORKLOAD_LABEL
+from nvlfabric.api.names import (
+    CLIQUE_LABEL,
+    FABRIC_READY_LABEL,
+    RACK_FIELD_MANAGER_PREFIX,
+    RACK_LABEL,
+    WORKLOAD_LABEL,
+)
 from nvlfabric.api.nvidia import CLIQUE_LABEL as NVIDIA_CLIQUE_LABEL
 from nvlfabric.kube.errors import api_call
 
@@ -109,8 +115,8 @@ def label_owner(obj: Node, label: str) -> str | None:
 def rack_conflicts(nodes: Sequence[NodeView], rack: str) -> tuple[list[str], list[str]]:
     """(refusals, warnings) for the rack's Nodes another rack already claims (pure). Owned by a
     manager that is not Pulumi's (kubectl label, another tool), `up` would fail with a field
-    conflict: refused at preview. Owned by Pulumi it may be this stack's own earlier name for
-    the rack (a rename updates it in place), or another stack's: a warning."""
+    conflict: refused at preview. Owned by Pulumi or by an nvlfabric rack it may be this stack's
+    own earlier name for the rack (a rename updates it in place), or another stack's: a warning."""
     refused, warned = [], []
     for n in nodes:
         if not n.exists or n.rack in (None, rack):
@@ -118,7 +124,7 @@ def rack_conflicts(nodes: Sequence[NodeView], rack: str) -> tuple[list[str], lis
         owner = n.rack_owner or "no field manager"
         text = (f"{n.name} is already in rack {n.rack!r} (label {RACK_LABEL}, owned by {owner!r}); a node is in one "
                 "rack")
-        if n.rack_owner is not None and n.rack_owner.startswith("pulumi-kubernetes"):
+        if n.rack_owner is not None and n.rack_owner.startswith(("pulumi-kubernetes", RACK_FIELD_MANAGER_PREFIX)):
             warned.append(f"{text}: if another stack's rack declares it, `pulumi up` fails with a field conflict on "
                           f"{RACK_LABEL}; take it out of that rack first")
         else:

@@ -5,7 +5,7 @@
   pods of the domain that lose their channel (from the cluster: pods labelled with the domain).
 - **Workloads**: each bound workload (the Job, StatefulSet, JobSet or LeaderWorkerSet of a
   BoundJob) with its pods and GPUs, and for a replace or delete its running pods.
-- **Capacity**: per declared rack (its Nodes, from the rack's NodePatch steps) its GPUs and the
+- **Capacity**: per declared rack (its Nodes, from the rack's node-labelling step) its GPUs and the
   free ones (from the cluster), against the GPUs of the workloads the preview creates or replaces.
 - **Warnings** the components logged (capacity shortfalls, racks whose nodes disagree), and errors.
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvlfabric.api.names import RACK_LABEL
+from nvlfabric.api.names import RACK_LABEL, RACK_NODES_TYPES
 from nvlfabric.review.preview import REPLACE_OPS, Preview, Step
 
 DOMAIN_TYPES = frozenset({"pulumi-python:dynamic/nvlfabric:ComputeDomain", "nvlfabric:index:ComputeDomainResource"})
@@ -144,7 +144,13 @@ def declared_racks(preview: Preview) -> dict[str, list[str]]:
     changes: the cluster knows the others)."""
     racks: dict[str, list[str]] = {}
     for s in preview.steps:
-        if s.type == "kubernetes:core/v1:NodePatch" and RACK in s.parent_types and s.op != "delete":
+        if RACK not in s.parent_types or s.op == "delete":
+            continue
+        if s.type in RACK_NODES_TYPES:
+            rack = (s.state.inputs.get("labels") or {}).get(RACK_LABEL)
+            if rack:
+                racks.setdefault(str(rack), []).extend(str(n) for n in s.state.inputs.get("nodes") or [])
+        elif s.type == "kubernetes:core/v1:NodePatch":  # racks of releases before 0.2: a patch per node
             meta = s.state.inputs.get("metadata") or {}
             rack = (meta.get("labels") or {}).get(RACK_LABEL)
             if rack:

@@ -30,14 +30,16 @@ import pytest
 import yaml
 from lightkube import ApiError
 from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api import computedomain as cdapi
+from nvlfabric.api.names import RACK_LABEL
 from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, served
 from nvlfabric.components.provider import NvlfabricProvider
 from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
-from nvlfabric.sim.cluster import eventually, install_crd
+from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 from tests import installed
 from tests.conftest import Cluster
@@ -230,7 +232,10 @@ def bad_gpus_fail_the_preview(timed: Timed) -> None:
     timed.proj.run("config", "set", "gpusPerPod", "4")
 
 
-def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Timed, domain: str) -> None:
+def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Timed, domain: str,
+                                                        rack_node: str | None = None) -> None:
+    """... and, with `rack_node`, the program's rack labels that Node through the plugin's own
+    RackNodes resource, and `destroy` takes the label away again."""
     proj = timed.proj
     try:
         timed("up", "up", "--yes", "--skip-preview")
@@ -247,8 +252,13 @@ def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Tim
         # The domain's object is served by the plugin (in its own virtualenv), not a dynamic resource.
         assert {CD_TOKEN, JOB_TOKEN, served.COMPUTE_DOMAIN, "kubernetes:batch/v1:Job"} <= types
         assert not any(t.startswith("pulumi-python:dynamic") for t in types), types
+        if rack_node is not None:
+            assert served.RACK_NODES in types
+            assert (api.client.get(Node, rack_node).metadata.labels or {}).get(RACK_LABEL) == "rack-0"
     finally:
         timed("destroy", "destroy", "--yes", "--skip-preview")
+    if rack_node is not None:
+        assert RACK_LABEL not in (api.client.get(Node, rack_node).metadata.labels or {})
     for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
         eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
     print(f"timings (s): {timed.timings}")
@@ -288,9 +298,15 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     domain = f"yaml-{uuid.uuid4().hex[:6]}"
     proj.run("stack", "init", "test")
     proj.run("config", "set", "domain", domain)
-    # A bad argument fails the preview, naming the input as the YAML program writes it and the fix.
-    bad_gpus_fail_the_preview(timed)
-    up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain)
+    node = f"{domain}-node"
+    proj.run("config", "set", "rackNode", node)
+    make_ready_nodes(api.client, {node: {}})
+    try:
+        # A bad argument fails the preview, naming the input as the YAML program writes it and the fix.
+        bad_gpus_fail_the_preview(timed)
+        up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain, rack_node=node)
+    finally:
+        delete_nodes(api.client, [node])
 
 
 # -- the same from TypeScript: a generated SDK, typed inputs, our Node.js language host ----------
