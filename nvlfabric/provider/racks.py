@@ -9,7 +9,7 @@ and its GPUs: allocatable and requested by the pods on it that have not finished
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -140,18 +140,21 @@ to it: the API server answers that from its watch cache's node index); one after
 of 64 racks spent 23 s of every preview on 2,304 round trips before declaring its first domain."""
 
 
-def observe(client: Client, names: Sequence[str], *, gpu_resource: str) -> list[NodeView]:
-    """Each named node as the cluster has it now (in the order given)."""
+def observe(client: Client, names: Sequence[str], *, gpu_resource: str,
+            known: Mapping[str, Node] | None = None) -> list[NodeView]:
+    """Each named node as the cluster has it now (in the order given); `known`: Nodes the caller
+    has just read (a list), which are not read again."""
     with ThreadPoolExecutor(min(OBSERVE_IN_FLIGHT, max(1, len(names))), thread_name_prefix="observe") as pool:
-        return list(pool.map(lambda name: _observe_node(client, name, gpu_resource), names))
+        return list(pool.map(lambda name: _observe_node(client, name, gpu_resource, (known or {}).get(name)), names))
 
 
-def _observe_node(client: Client, name: str, gpu_resource: str) -> NodeView:
-    try:
-        with api_call(f"read Node {name}"):
-            node = client.get(Node, name)
-    except errors.NotFound:
-        return NodeView(name=name, exists=False)
+def _observe_node(client: Client, name: str, gpu_resource: str, node: Node | None = None) -> NodeView:
+    if node is None:
+        try:
+            with api_call(f"read Node {name}"):
+                node = client.get(Node, name)
+        except errors.NotFound:
+            return NodeView(name=name, exists=False)
     labels = (node.metadata.labels if node.metadata else None) or {}
     conditions = (node.status.conditions if node.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)

@@ -31,14 +31,20 @@ def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: 
         if workload:
             by_workload[(ns, workload)] = by_workload.get((ns, workload), 0) + 1
     racked: dict[str, list[str]] = {r: list(n) for r, n in rack_nodes.items()}
+    listed: dict[str, Node] = {}
     with api_call("list the racks' Nodes"):
         for node in client.list(Node, labels={RACK_LABEL: None}):
             if node.metadata and node.metadata.name:
+                listed[node.metadata.name] = node
                 names = racked.setdefault((node.metadata.labels or {})[RACK_LABEL], [])
                 if node.metadata.name not in names:
                     names.append(node.metadata.name)
+    # Every rack's nodes in one go (the listed Nodes not read again): at 64 racks, rack after rack
+    # took 5.8 s of the report.
+    everyone = sorted({n for nodes in racked.values() for n in nodes})
+    seen = dict(zip(everyone, racks.observe(client, everyone, gpu_resource=gpu_resource, known=listed), strict=True))
     gpus = {}
     for rack, nodes in sorted(racked.items()):
-        view = racks.summarize(racks.observe(client, list(nodes), gpu_resource=gpu_resource), None)
+        view = racks.summarize([seen[n] for n in nodes], None)
         gpus[rack] = (len(nodes), sum(n.gpus_allocatable for n in view.nodes if n.exists), view.free_gpus)
     return Facts(running_by_domain=by_domain, running_by_workload=by_workload, rack_gpus=gpus)
