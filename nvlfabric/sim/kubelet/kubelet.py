@@ -87,6 +87,7 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pod sync back-off, capped like the kubele
 RUN_SECONDS_ANNOTATION = "sim.nvlfabric.io/run-seconds"
 KUBELET_VERSION = "v1.37.2-nvlfabric-sim"
 GPU_RESOURCE = names.GPU_RESOURCE
+SYNC_SLOTS = 32
 PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (nvlfabric/sim/controlplane.py waits longer)
 
 
@@ -227,6 +228,7 @@ class SimKubelet:
         self._servers: list[asyncio.Server] = []
         self._stopping = asyncio.Event()
         self._sources = volumes.Sources(client)
+        self._sync_slots = asyncio.Semaphore(SYNC_SLOTS)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -730,46 +732,56 @@ class SimKubelet:
     async def _sync_pod(self, namespace: str, name: str, uid: str) -> None:
         attempt = 0
         while not self._stopping.is_set():
-            try:
-                with api_call(f"read pod {namespace}/{name}"):
-                    pod = await self.client.get(Pod, name, namespace=namespace)
-            except errors.NotFound:
+            # At most SYNC_SLOTS pods talk to the API server at once: the client's connection pool
+            # walks its whole queue for every request it assigns, and a thousand hollow pods
+            # starting together made that queue the process's busiest loop.
+            async with self._sync_slots:
+                outcome = await self._sync_attempt(namespace, name, uid)
+            if outcome is None:
                 return
-            except errors.NvlfabricError as exc:
-                # An API server too busy to answer (seen: the client's connection pool timing out
-                # with 144 nodes starting on 2 cores) must not strand the pod: read it again.
-                log.warning("pod %s/%s: %s; retrying", namespace, name, exc)
-                await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
-                attempt += 1
-                continue
-            if pod.metadata is None or pod.metadata.uid != uid or pod.spec is None:
+            if isinstance(outcome, tuple):  # started or running: a Job pod may finish later
+                await self._maybe_complete(*outcome)
                 return
-            state = self.nodes[pod.spec.nodeName or ""]
-            try:
-                if pod.metadata.deletionTimestamp is not None:
-                    await self._terminate(state, pod)
-                    return
-                phase = pod.status.phase if pod.status else None
-                if phase in ("Succeeded", "Failed"):
-                    return
-                if uid not in state.started:
-                    await self._start(state, pod)
-                elif phase == "Running" and not state.node.is_down():
-                    await self._resync_status(state, pod)
-                if await self._maybe_complete(state, pod):
-                    return
-                return
-            except PodNotReady as exc:
-                await self._event(pod, exc.reason, str(exc), warning=True)
-            except PodFailed:
-                return
-            except (PluginCallError, ApiError, errors.NvlfabricError, OSError) as exc:
-                await self._event(pod, "FailedSync", str(exc), warning=True)
-            except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
-                log.exception("syncing pod %s/%s failed", namespace, name)
-                await self._event(pod, "FailedSync", f"simulated kubelet error: {exc!r}", warning=True)
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
+
+    async def _sync_attempt(self, namespace: str, name: str, uid: str) -> tuple[NodeState, Pod] | bool | None:
+        """One pass over the pod: None when done with it, (node, pod) when it runs, False to retry."""
+        try:
+            with api_call(f"read pod {namespace}/{name}"):
+                pod = await self.client.get(Pod, name, namespace=namespace)
+        except errors.NotFound:
+            return None
+        except errors.NvlfabricError as exc:
+            # An API server too busy to answer (seen: the client's connection pool timing out
+            # with 144 nodes starting on 2 cores) must not strand the pod: read it again.
+            log.warning("pod %s/%s: %s; retrying", namespace, name, exc)
+            return False
+        if pod.metadata is None or pod.metadata.uid != uid or pod.spec is None:
+            return None
+        state = self.nodes[pod.spec.nodeName or ""]
+        try:
+            if pod.metadata.deletionTimestamp is not None:
+                await self._terminate(state, pod)
+                return None
+            phase = pod.status.phase if pod.status else None
+            if phase in ("Succeeded", "Failed"):
+                return None
+            if uid not in state.started:
+                await self._start(state, pod)
+            elif phase == "Running" and not state.node.is_down():
+                await self._resync_status(state, pod)
+            return state, pod
+        except PodNotReady as exc:
+            await self._event(pod, exc.reason, str(exc), warning=True)
+        except PodFailed:
+            return None
+        except (PluginCallError, ApiError, errors.NvlfabricError, OSError) as exc:
+            await self._event(pod, "FailedSync", str(exc), warning=True)
+        except Exception as exc:  # a bug of ours must not strand the pod: log it and retry
+            log.exception("syncing pod %s/%s failed", namespace, name)
+            await self._event(pod, "FailedSync", f"simulated kubelet error: {exc!r}", warning=True)
+        return False
 
     async def _claims(self, pod: Pod) -> list[ResourceClaim]:
         assert pod.spec is not None and pod.metadata is not None
