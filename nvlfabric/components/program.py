@@ -8,7 +8,8 @@ A registry per program run holds exactly what that run declared so far:
   declared driver allows would hold its channel while every prepare fails.
 - the taints of the declared racks: workloads declared after a rack tolerate its taints; a rack
   whose taint a workload declared before it does not tolerate is refused, naming both;
-- the declared racks' capacity (capacity.py).
+- the declared racks' capacity (capacity.py), and the cluster's racked Nodes as the first rack
+  read them (each rack reads only what that one list lacks).
 Checked both ways (a domain declared before the driver is judged when the driver comes).
 
 Which run: a program run by the CLI is a process of its own, but the Automation API runs an inline
@@ -23,8 +24,9 @@ the process is the run.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 
@@ -44,6 +46,9 @@ class Declared:
     workloads: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # BoundJob → its pods' tolerations
     nvidia_domains: list[str] = field(default_factory=list)  # domains on NVIDIA's backend (said once)
     racks: list[DeclaredRack] = field(default_factory=list)  # capacity.py's
+    rack_nodes: dict[str, Any] | None = None
+    """The cluster's racked Nodes (labelled nvlfabric.io/rack) by name, listed once per run by the
+    first rack that reads its Nodes (rack.py): 64 racks read 1,152 Nodes with one request."""
 
 
 _RUNS: weakref.WeakKeyDictionary[pulumi.Resource, Declared] = weakref.WeakKeyDictionary()
@@ -134,6 +139,14 @@ def nvidia_domain(name: str) -> list[str]:
     domains = current().nvidia_domains
     domains.append(name)
     return list(domains)
+
+
+def rack_nodes(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The run's snapshot of racked Nodes, read with `read` the first time."""
+    declared = current()
+    if declared.rack_nodes is None:
+        declared.rack_nodes = read()
+    return declared.rack_nodes
 
 
 def declared_taints() -> list[dict[str, str]]:

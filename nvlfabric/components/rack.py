@@ -141,7 +141,9 @@ class Nvl72Rack(pulumi.ComponentResource):
         a = self.args
         try:
             client = kube.client(kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig")))
-            view = racks.summarize(racks.observe(client, a.nodes, gpu_resource=a.gpu_resource), a.expected_clique)
+            known = program.rack_nodes(lambda: racks.racked_nodes(client))
+            view = racks.summarize(racks.observe(client, a.nodes, gpu_resource=a.gpu_resource, known=known),
+                                   a.expected_clique)
         except Exception as exc:  # any failure to read costs only these outputs
             pulumi.log.warn(f"rack {a.name}: could not read its Nodes ({type(exc).__name__}: {exc}); discovered "
                             "cliques and free GPUs are unknown", resource=self)

@@ -134,6 +134,13 @@ def rack_conflicts(nodes: Sequence[NodeView], rack: str) -> tuple[list[str], lis
     return refused, warned
 
 
+def racked_nodes(client: Client) -> dict[str, Node]:
+    """Every Node some rack labelled (`nvlfabric.io/rack`), by name: one list for a program's racks."""
+    with api_call("list the racked Nodes"):
+        nodes = client.list(Node, labels={RACK_LABEL: None})
+        return {n.metadata.name: n for n in nodes if n.metadata and n.metadata.name}
+
+
 OBSERVE_IN_FLIGHT = 16
 """Node reads in flight at once. A rack's observation is 2 reads per node (its Node, the pods bound
 to it: the API server answers that from its watch cache's node index); one after another, a program

@@ -229,6 +229,11 @@ class SimKubelet:
         self._stopping = asyncio.Event()
         self._sources = volumes.Sources(client)
         self._sync_slots = asyncio.Semaphore(SYNC_SLOTS)
+        self._latest: dict[str, Pod] = {}
+        """Each pod as the watch last showed it: a sync reads it there, as the kubelet reads its pods
+        from its informer, instead of a GET per sync (2,300 GETs for 1,152 pods at 64 racks)."""
+        self._terminated: set[str] = set()
+        """Pods this kubelet stopped and deleted, until the watch shows them gone."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -701,7 +706,12 @@ class SimKubelet:
             if node not in self.nodes or pod.metadata is None or pod.metadata.uid is None:
                 continue
             if event == "DELETED":
+                self._latest.pop(pod.metadata.uid, None)
+                self._terminated.discard(pod.metadata.uid)
                 continue
+            if pod.metadata.uid in self._terminated:  # its deletion, on its way: nothing left to do
+                continue
+            self._latest[pod.metadata.uid] = pod
             self._kick(pod)
 
     def _kick(self, pod: Pod) -> None:
@@ -747,9 +757,13 @@ class SimKubelet:
 
     async def _sync_attempt(self, namespace: str, name: str, uid: str) -> tuple[NodeState, Pod] | bool | None:
         """One pass over the pod: None when done with it, (node, pod) when it runs, False to retry."""
+        if uid in self._terminated:
+            return None
         try:
-            with api_call(f"read pod {namespace}/{name}"):
-                pod = await self.client.get(Pod, name, namespace=namespace)
+            pod = self._latest.get(uid)
+            if pod is None:  # not seen by the watch (a restart of this kubelet's sync): read it
+                with api_call(f"read pod {namespace}/{name}"):
+                    pod = await self.client.get(Pod, name, namespace=namespace)
         except errors.NotFound:
             return None
         except errors.NvlfabricError as exc:
@@ -1142,6 +1156,8 @@ class SimKubelet:
         state.devices.pop(uid, None)  # health is not updated after the pod terminates
         state.pod_names.pop(uid, None)
         state.started.discard(uid)
+        self._terminated.add(uid)
+        self._latest.pop(uid, None)
         with contextlib.suppress(ApiError):
             await self.client.delete(Pod, pod.metadata.name or "", namespace=pod.metadata.namespace,
                                      grace_period=0)
