@@ -341,6 +341,9 @@ class Reserver:
         self._no_room: dict[Key, tuple[str, float]] = {}  # claim → (message, when) of its last Event
         self._lock = threading.Condition()
         self._pods: dict[str, PendingPod] = {}  # by uid
+        self._by_claim: dict[Key, dict[str, PendingPod]] = {}
+        """The same pods by each claim they name: a pass looks up a claim's users, never scans every
+        pending pod for each claim (1,152 pods x 64 claims at every pass, 64 racks)."""
         self._grouped: dict[str, PendingPod] = {}  # gated pods of Kubernetes' pod groups, by uid
         self._retry: dict[str, PendingPod] = {}  # ... whose gate failed to lift: again at the resync
         self._claims: dict[Key, ClaimState] = {}
@@ -360,7 +363,7 @@ class Reserver:
         pod = None if kind == "DELETED" else pending_pod(raw)
         with self._lock:
             if pod is None or pod.pod_group:
-                self._pods.pop(uid, None)
+                self._forget(uid)
                 self._grouped.pop(uid, None)
                 self._retry.pop(uid, None)
                 if pod is not None and pod.gated:  # Kubernetes places it: only its rank is ours to write
@@ -370,7 +373,7 @@ class Reserver:
             if uid not in self._pods:
                 now = time.monotonic()
                 self._last_user.update(((pod.namespace, c), now) for c in pod.claims)
-            self._pods[uid] = pod
+            self._remember(pod)
             self._dirty.update((pod.namespace, c) for c in pod.claims)
             self._lock.notify()
 
@@ -425,6 +428,7 @@ class Reserver:
     def _reset_pods(self) -> None:
         with self._lock:
             self._pods.clear()
+            self._by_claim.clear()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -446,7 +450,25 @@ class Reserver:
         self._ungate(list(releases.values()))
 
     def _users(self, key: Key) -> list[PendingPod]:
-        return [p for p in self._pods.values() if p.namespace == key[0] and key[1] in p.claims]
+        return list(self._by_claim.get(key, {}).values())
+
+    def _remember(self, pod: PendingPod) -> None:
+        """Record (or replace) a pending pod (call with the lock held)."""
+        self._forget(pod.uid)
+        self._pods[pod.uid] = pod
+        for c in pod.claims:
+            self._by_claim.setdefault((pod.namespace, c), {})[pod.uid] = pod
+
+    def _forget(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is None:
+            return
+        for c in old.claims:
+            users = self._by_claim.get((old.namespace, c))
+            if users is not None:
+                users.pop(uid, None)
+                if not users:
+                    del self._by_claim[(old.namespace, c)]
 
     def _reserve(self, key: Key, attempts: int = 3) -> None:
         namespace, name = key
@@ -645,7 +667,7 @@ class Reserver:
         with self._lock:
             for p in done:
                 if p.uid in self._pods:
-                    self._pods[p.uid] = dataclasses.replace(p, gated=False)
+                    self._remember(dataclasses.replace(self._pods[p.uid], gated=False))
         self.ungated += len(done)
         if done:
             log.info("lifted the channel-reservation gate of %d pods (%s/%s ...)", len(done), done[0].namespace,
