@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -123,6 +124,9 @@ class ControlPlane:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     """Extra command-line flags per component (`etcd`, `kube-apiserver`, `kube-scheduler`,
     `kube-controller-manager`), e.g. `{"kube-controller-manager": ["--kube-api-qps=100"]}`."""
+    extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra environment per component, e.g. `{"kube-apiserver": {"GOGC": "400"}}` (a control
+    plane with memory to spare and few cores: bench/scale.py)."""
     real_kubelets: int = 0
     """How many of the nodes (the last ones that are not hollow) the real kubelet runs, against
     nvlfabric's CRI stand-in (nvlfabric/sim/realnode.py); the simulated kubelet runs the others."""
@@ -269,7 +273,8 @@ class ControlPlane:
             if name == "kube-apiserver":
                 argv.append(f"--runtime-config={','.join(f'{v}=true' for v in WORKLOAD_SCHEDULING_APIS)}")
         argv = [*argv, *self.extra_args.get(name, [])]
-        rec = processes.spawn(name, argv, self.state_dir / "logs" / f"{name}.log")
+        env = {**os.environ, **self.extra_env[name]} if name in self.extra_env else None
+        rec = processes.spawn(name, argv, self.state_dir / "logs" / f"{name}.log", env=env)
         state.processes.append(rec)
         self._save_state(state)
         return rec

@@ -1,5 +1,6 @@
-"""Scheduler and controller-manager settings (`ControlPlane.scheduler_config`, `extra_args`), and a
-simulated kubelet stopping many local processes at once (so `down` never leaves agents behind)."""
+"""Scheduler and controller-manager settings (`ControlPlane.scheduler_config`, `extra_args`,
+`extra_env`), and a simulated kubelet stopping many local processes at once (so `down` never leaves
+agents behind)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
 def test_scheduler_config_and_extra_args_reach_the_components(tmp_path: Path) -> None:
     cp = ControlPlane(state_dir=tmp_path / "state", ports=free_ports(), progress=lambda m: None,
                       scheduler_config={"podMaxBackoffSeconds": 1, "clientConnection": {"qps": 500, "burst": 1000}},
-                      extra_args={"kube-controller-manager": ["--kube-api-qps=200"]})
+                      extra_args={"kube-controller-manager": ["--kube-api-qps=200"]},
+                      extra_env={"kube-apiserver": {"GOGC": "400"}})
     try:
         cp.up()  # waits for the scheduler's /healthz: it accepted the generated configuration
         config = yaml.safe_load((cp.state_dir / "kube-scheduler.yaml").read_text())
@@ -67,5 +69,7 @@ def test_scheduler_config_and_extra_args_reach_the_components(tmp_path: Path) ->
         assert not any(a.startswith("--kubeconfig") for a in argv["kube-scheduler"])  # ignored with --config
         assert argv["kube-controller-manager"][-1] == "--kube-api-qps=200"
         assert all(processes.alive(p) for p in state.processes)
+        environ = {p.name: (Path("/proc") / str(p.pid) / "environ").read_bytes().split(b"\0") for p in state.processes}
+        assert b"GOGC=400" in environ["kube-apiserver"] and b"GOGC=400" not in environ["etcd"]
     finally:
         cp.down()
