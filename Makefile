@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GOTOOLCHAIN := local
 
-.PHONY: all venv tools nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
+.PHONY: all venv bytecode tools nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
 
 all: tools venv
 
@@ -20,6 +20,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Byte-code of the checkout's own modules, written once rather than compiled in memory by every
+# process that imports them: a machine that sets PYTHONDONTWRITEBYTECODE (this one does) never writes
+# it, and the simulator starts hundreds of Python processes (8-rack bench: preview 7.9 -> 3.0 s,
+# all Running 11 -> 6 s). An install from the wheel gets it from pip. Seconds; only changed files.
+bytecode: $(STAMP)
+	@$(VPY) -m compileall -q -j 0 nvlfabric stacks bench tests >/dev/null
+
 # Go-built tools (Pulumi CLI + language host, Kubernetes provider plugin, etcd, kube-*),
 # cached outside the checkout by pinned version; seconds when cached.
 tools:
@@ -30,7 +37,7 @@ nvml:
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/nvml OUT=$(abspath build/nvml)
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/imex OUT=$(abspath build/imex)
 
-test: tools venv nvml
+test: tools venv bytecode nvml
 	@$(VPY) -m pytest $(PYTEST_ARGS)
 
 generate: venv
@@ -48,19 +55,19 @@ imports: venv
 
 check: lint typecheck imports
 
-sim-up: tools venv
+sim-up: tools venv bytecode
 	@$(VENV)/bin/nvlfabric-sim up
 
 sim-down: venv
 	@$(VENV)/bin/nvlfabric-sim down
 
-demo: tools venv nvml
+demo: tools venv bytecode nvml
 	@$(VPY) stacks/demo.py up
 
 demo-down: venv
 	@$(VPY) stacks/demo.py down
 
-bench: tools venv nvml
+bench: tools venv bytecode nvml
 	@mkdir -p bench/results
 	@set -e; for b in bench/[!_]*.py; do echo "[bench] $$b"; $(VPY) $$b; done
 
