@@ -37,20 +37,11 @@ from lightkube.generic_resource import create_namespaced_resource  # noqa: E402
 from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements  # noqa: E402
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
-from lightkube.models.resource_v1 import (  # noqa: E402
-    DeviceClaim,
-    DeviceClaimConfiguration,
-    DeviceRequest,
-    ExactDeviceRequest,
-    OpaqueDeviceConfiguration,
-    ResourceClaimSpec,
-)
 from lightkube.resources.core_v1 import Node, Pod  # noqa: E402
-from lightkube.resources.resource_v1 import ResourceClaim  # noqa: E402
 
 from nvlfabric import manifests  # noqa: E402
 from nvlfabric.api import computedomain, names  # noqa: E402
-from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef  # noqa: E402
+from nvlfabric.provider.computedomain import channel_claim  # noqa: E402
 from nvlfabric.sim import faults  # noqa: E402
 from nvlfabric.sim.cluster import eventually, install_crd  # noqa: E402
 from nvlfabric.sim.controlplane import ControlPlane, free_ports  # noqa: E402
@@ -104,13 +95,8 @@ def machine_pids(cp: ControlPlane, name: str) -> dict[str, int]:
 def domain_objects(client: Client, name: str, nodes: list[str]) -> None:
     cd = client.create(ComputeDomain(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
     assert cd.metadata is not None
-    config = ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace="default", uid=cd.metadata.uid))
-    client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace="default"),
-                                spec=ResourceClaimSpec(devices=DeviceClaim(
-                                    requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
-                                        deviceClassName=names.DEVICE_CLASS))],
-                                    config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(
-                                        driver=names.DRIVER, parameters=config.to_kube()))]))))
+    # The claim as the provider makes it (owned and configured: the driver's admission policy admits no other).
+    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid, computedomain.ComputeDomainSpec())))
     for i, node in enumerate(nodes):
         client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
             nodeSelector={"kubernetes.io/hostname": node},

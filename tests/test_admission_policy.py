@@ -38,10 +38,6 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.models.resource_v1 import (
     Device,
-    DeviceClaim,
-    DeviceRequest,
-    ExactDeviceRequest,
-    ResourceClaimSpec,
     ResourcePool,
     ResourceSliceSpec,
 )
@@ -61,6 +57,7 @@ from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.controller.reservations import PendingPod, pioneer_patch, reservation_patch
+from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
 
@@ -71,7 +68,8 @@ DRIVER = names.DRIVER
 # What the tests install from driver.yaml: everything but the workloads (nothing would run them).
 INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods")
+POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods",
+            "nvlfabric-channel-claims")
 FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
 POLICY_EFFECTIVE_S = 30.0
@@ -93,17 +91,17 @@ class Env:
 
 
 def token_client(admin: Client, server: str, ca_data: str, service_account: str, *, bound_pod: Pod | None,
-                 manager: str) -> Client:
-    """A client authenticating with a fresh TokenRequest token of the service account; bound to
-    `bound_pod` when given (the token then carries the pod's node, as a projected token does)."""
+                 manager: str, namespace: str = NAMESPACE) -> Client:
+    """A client authenticating with a fresh TokenRequest token of the service account (of `namespace`);
+    bound to `bound_pod` when given (the token then carries the pod's node, as a projected token does)."""
     bound = None
     if bound_pod is not None:
         assert bound_pod.metadata is not None
         bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=bound_pod.metadata.name,
                                      uid=bound_pod.metadata.uid)
-    req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=NAMESPACE),
+    req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=namespace),
                                spec=TokenRequestSpec(audiences=[], expirationSeconds=3600, boundObjectRef=bound))
-    resp = admin.create(req, service_account, namespace=NAMESPACE)
+    resp = admin.create(req, service_account, namespace=namespace)
     assert resp.status is not None and resp.status.token
     config = KubeConfig.from_dict({
         "apiVersion": "v1", "kind": "Config", "current-context": "sa",
@@ -545,9 +543,10 @@ def test_controller_may_reserve_a_channel_claim_for_pending_pods(env: Env) -> No
     """What nvlfabric/controller/reservations.py does with the controller's own token: watch unbound pods
     and append to an allocated claim's reservedFor (which also takes resourceclaims/binding)."""
     name = f"rsv-{env.suffix}"
-    env.admin.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace="default"), spec=ResourceClaimSpec(
-        devices=DeviceClaim(requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
-            deviceClassName="imex-channel.nvlfabric.io"))]))))
+    cd = env.admin.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
+    claim = channel_claim(name, "default", cd.metadata.uid, api.ComputeDomainSpec())  # as the provider makes it
+    claim["metadata"]["name"] = name
+    env.admin.create(codecs.from_dict(claim))
     # Two pending pods (kube-controller-manager drops reservations of pods that do not exist).
     pods = [env.admin.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
         nodeSelector={"nvlfabric-test": "nowhere"}, containers=[Container(name="c", image="registry.invalid/c")])))
@@ -575,6 +574,8 @@ def test_controller_may_reserve_a_channel_claim_for_pending_pods(env: Env) -> No
                 env.admin.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
         with contextlib.suppress(ApiError):
             env.admin.delete(ResourceClaim, name, namespace="default")
+        with contextlib.suppress(ApiError):
+            env.admin.delete(ComputeDomainResource, name, namespace="default")
 
 
 def test_controller_may_only_lift_the_reservation_gate_of_a_pod(env: Env) -> None:

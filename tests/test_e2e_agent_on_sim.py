@@ -24,24 +24,17 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.core_v1 import Container, EnvVar, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.resource_v1 import (
-    DeviceClaim,
-    DeviceClaimConfiguration,
-    DeviceRequest,
-    ExactDeviceRequest,
-    OpaqueDeviceConfiguration,
-    ResourceClaimSpec,
-)
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nvlfabric import manifests
-from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
+from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.nodeagent import imex
+from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
@@ -80,15 +73,9 @@ def domain(client: Client, name: str, nodes: list[str], spec: dict[str, object] 
     returns the domain's UID."""
     spec = spec or {}
     cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
-    config = ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace="default", uid=cd.metadata.uid),
-                           imex_mode=spec.get("imexMode", "CliqueScoped"),
-                           channel_allocation_mode=spec.get("channelAllocationMode", "Single"))
-    client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace="default"),
-                                spec=ResourceClaimSpec(devices=DeviceClaim(
-                                    requests=[DeviceRequest(name="channel", exactly=ExactDeviceRequest(
-                                        deviceClassName="imex-channel.nvlfabric.io"))],
-                                    config=[DeviceClaimConfiguration(opaque=OpaqueDeviceConfiguration(
-                                        driver=DRIVER, parameters=config.to_kube()))]))))
+    # The driver's admission policy admits a channel claim only as its domain's own (owned, configured).
+    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid,
+                                                 api.ComputeDomainSpec.model_validate(spec))))
     for i, node in enumerate(nodes):
         client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
             nodeSelector={"kubernetes.io/hostname": node},
