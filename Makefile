@@ -10,8 +10,8 @@ export GOTOOLCHAIN := local
 
 all: tools venv
 
-# The virtualenv is rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The virtualenv is rebuilt when pyproject.toml or the version (nvlfabric/api/release.py) changes.
+$(STAMP): pyproject.toml nvlfabric/api/release.py
 	@echo "[venv] creating $(VENV) and installing nvlfabric with its dev dependencies"
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	@$(VPY) -m pip install --quiet --disable-pip-version-check --upgrade pip

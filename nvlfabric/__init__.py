@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from nvlfabric.api.release import __version__ as __version__  # the release (nvlfabric/api/release.py)
+
 if TYPE_CHECKING:
     from nvlfabric.components import (
         BoundJob,

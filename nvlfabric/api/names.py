@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from nvlfabric.api.release import __version__
+
 # -- identity ---------------------------------------------------------------------------------------
 
 GROUP: Final = "nvlfabric.io"
@@ -28,7 +30,12 @@ RACK_FIELD_MANAGER_PREFIX: Final = "nvlfabric-rack-"
 """An Nvl72Rack applies its Nodes' labels and taints as `nvlfabric-rack-<its resource name>`."""
 RACK_NODES_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:RackNodes", "nvlfabric:kubernetes:RackNodes")
 """The Pulumi types of an Nvl72Rack's node labelling: a Python program's dynamic resource, the
-component provider's own. Racks of releases before 0.2 made a `kubernetes:core/v1:NodePatch` per node."""
+component provider's own. Racks before the first release (0.1.0) made a `kubernetes:core/v1:NodePatch` per node."""
+AGENT_IMAGE_REPOSITORY: Final = "nvlfabric/node-agent"
+"""The image of the node agent, the IMEX keeper and the controller (one image, three commands)."""
+AGENT_IMAGE: Final = f"{AGENT_IMAGE_REPOSITORY}:{__version__}"
+"""The image the driver deploys unless told otherwise: tagged with the release that deploys it, so an
+upgrade of the package rolls the agents to the same release (docs/compatibility.md)."""
 
 # -- the node's IMEX work directory ----------------------------------------------------------------
 # Shared by the agent and the IMEX keeper (two DaemonSets), and bounded by the driver component.

@@ -37,8 +37,9 @@ class NvlfabricDriverArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str = Field("nvlfabric/node-agent:0.1.0", pattern=_IMAGE,
-                       description="the node agent/controller image, e.g. nvlfabric/node-agent:0.1.0")
+    image: str = Field(names.AGENT_IMAGE, pattern=_IMAGE,
+                       description="the node agent/controller image; default nvlfabric/node-agent tagged with this "
+                                   "release of nvlfabric, e.g. nvlfabric/node-agent:0.1.0")
     driver_root: str = Field("/run/nvidia/driver", pattern=_ABS_PATH,
                              description="an absolute host path where the NVIDIA driver is installed "
                                          "(/run/nvidia/driver with the GPU operator, / for a host install)")
@@ -142,7 +143,7 @@ class NvlfabricDriver(pulumi.ComponentResource):
     crd: pulumi.Output[str]
     image: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, *, image: str = "nvlfabric/node-agent:0.1.0",
+    def __init__(self, resource_name: str, *, image: str = names.AGENT_IMAGE,
                  driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
                  channels_per_clique: int = 128, imex_modes: list[str] | None = None,
                  labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None,

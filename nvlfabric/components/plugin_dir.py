@@ -18,7 +18,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from nvlfabric.components.schema import version
+from nvlfabric.api.release import __version__
 
 #: The plugin's files, as `pulumi package add` reads them; `venv/` is created beside them.
 FILES = ("PulumiPlugin.yaml", "__main__.py", "requirements.txt")
@@ -26,7 +26,7 @@ FILES = ("PulumiPlugin.yaml", "__main__.py", "requirements.txt")
 
 def requirement() -> str:
     """What the plugin's virtualenv installs by default: this nvlfabric, with its Pulumi extra."""
-    return f"nvlfabric[pulumi]=={version()}"
+    return f"nvlfabric[pulumi]=={__version__}"
 
 
 def write(target: Path, spec: str | None = None) -> Path:

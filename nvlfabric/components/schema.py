@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib import metadata
 from typing import Any, Final
 
 import pulumi
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
+from nvlfabric.api.release import __version__
 from nvlfabric.components.computedomain import ComputeDomain, ComputeDomainArgs
 from nvlfabric.components.driver import NvlfabricDriver, NvlfabricDriverArgs
 from nvlfabric.components.rack import Nvl72Rack, Nvl72RackArgs
@@ -67,10 +68,18 @@ def token(name: str) -> str:
 
 
 def version() -> str:
-    try:
-        return metadata.version("nvlfabric")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a checkout without `pip install -e .`
-        return "0.0.0"
+    """This release as Pulumi writes versions (semver): the package schema's and the provider
+    plugin's version. `nvlfabric.__version__` is PEP 440; the forms a release takes (X.Y.Z, and
+    X.Y.Z.devN or X.Y.ZrcN between releases) map one to one."""
+    return semver(__version__)
+
+
+def semver(pep440: str) -> str:
+    match = re.fullmatch(r"(\d+\.\d+\.\d+)(?:\.dev(\d+)|rc(\d+))?", pep440)
+    if match is None:
+        raise ValueError(f"version {pep440!r} is not X.Y.Z, X.Y.Z.devN or X.Y.ZrcN (docs/compatibility.md)")
+    release, dev, rc = match.groups()
+    return f"{release}-dev.{dev}" if dev is not None else f"{release}-rc.{rc}" if rc is not None else release
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ from typing import Final
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
-AGENT_IMAGE: Final = "nvlfabric/node-agent"
+from nvlfabric.api import names
+
+AGENT_IMAGE: Final = names.AGENT_IMAGE_REPOSITORY
 
 
 class ImageProgram(BaseModel):

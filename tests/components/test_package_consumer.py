@@ -33,6 +33,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
 
+import nvlfabric
 from nvlfabric.api import computedomain as cdapi
 from nvlfabric.api.names import RACK_LABEL
 from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, served
@@ -114,7 +115,7 @@ def test_the_plugin_runs_in_a_virtualenv_of_its_own_that_installs_this_nvlfabric
     plugin = yaml.safe_load((PLUGIN / "PulumiPlugin.yaml").read_text())
     assert plugin["runtime"] == {"name": "python", "options": {"virtualenv": "venv"}}
     lines = [ln for ln in (PLUGIN / "requirements.txt").read_text().splitlines() if not ln.startswith("#")]
-    assert lines == [plugin_dir.requirement()] == [f"nvlfabric[pulumi]=={version()}"]
+    assert lines == [plugin_dir.requirement()] == [f"nvlfabric[pulumi]=={nvlfabric.__version__}"]
 
 
 def test_plugin_dir_writes_the_plugin_files_with_the_requirement_asked_for(tmp_path: Path) -> None:
@@ -273,7 +274,7 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     # Start from the project as it was before `pulumi package add`.
     project_file = proj.workdir / "Pulumi.yaml"
     committed = yaml.safe_load(project_file.read_text())
-    lock = (EXAMPLE / "sdks" / "nvlfabric" / "nvlfabric-0.1.0.yaml").read_text()
+    lock = (EXAMPLE / "sdks" / "nvlfabric" / f"nvlfabric-{version()}.yaml").read_text()
     project_file.write_text(yaml.safe_dump({k: v for k, v in committed.items() if k != "packages"}, sort_keys=False))
     for f in (proj.workdir / "sdks").rglob("*"):
         if f.is_file():
@@ -284,7 +285,7 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     assert "Added package nvlfabric" in added.stdout + added.stderr
     added_with_its_own_virtualenv(plugin)
     assert yaml.safe_load(project_file.read_text())["packages"] == committed["packages"] == {"nvlfabric": PLUGIN_ENTRY}
-    assert (proj.workdir / "sdks" / "nvlfabric" / "nvlfabric-0.1.0.yaml").read_text() == lock
+    assert (proj.workdir / "sdks" / "nvlfabric" / f"nvlfabric-{version()}.yaml").read_text() == lock
 
     # The schema the CLI gets from the plugin is the one derived from the pydantic models.
     start = time.monotonic()
@@ -357,7 +358,7 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
     assert manifest["dependencies"]["@pulumi/nvlfabric"] == "file:sdks/nvlfabric"
     sdk = proj.workdir / "sdks" / "nvlfabric"
     assert json.loads((sdk / "package.json").read_text())["pulumi"] == {"resource": True, "name": "nvlfabric",
-                                                                        "version": "0.1.0"}
+                                                                        "version": version()}
     assert (sdk / "bin" / "index.js").exists(), "npm did not compile the generated SDK"
     # The generated class carries the descriptions of the pydantic fields as its doc comments.
     assert BoundJobArgs.model_fields["gpus_per_pod"].description in (sdk / "boundJob.ts").read_text()
