@@ -7,4 +7,4 @@ the git tag to it. PEP 440: a release is X.Y.Z; between releases main carries th
 X.Y.Z.devN. A plain literal assignment, so setuptools reads it statically.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
