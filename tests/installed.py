@@ -26,22 +26,49 @@ def wheel() -> Path:
     """The nvlfabric wheel of this checkout, built once per session."""
     with _lock:
         if not _built:
-            out = DIST / f"session-{os.getpid()}"
-            shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)],
-                                  capture_output=True, text=True, timeout=600)
-            if proc.returncode != 0:
-                raise AssertionError(f"building the wheel failed\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-            (built,) = out.glob("nvlfabric-*.whl")
-            _built.append(built)
+            _built.append(_build(REPO, DIST / f"session-{os.getpid()}"))
         return _built[0]
 
 
-def venv(where: Path, extras: str = "pulumi") -> Path:
-    """A new virtualenv at `where` with the wheel installed (`nvlfabric[extras]`); returns its python."""
+def _build(source: Path, out: Path) -> Path:
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"building the wheel failed\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    (built,) = out.glob("nvlfabric-*.whl")
+    return built
+
+
+def release_wheel(ref: str) -> Path:
+    """The wheel of an earlier release, built from this checkout's git history (`ref`: its tag or
+    commit) as that release published it; kept in build/dist/<commit>/ (a commit's wheel never
+    changes)."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", f"{ref}^{{commit}}"], check=True,
+                            capture_output=True, text=True, timeout=60).stdout.strip()
+    out = DIST / commit
+    with _lock:
+        if done := list(out.glob("nvlfabric-*.whl")):
+            return done[0]
+        source = DIST / f"src-{commit}"
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True,
+                                 timeout=120).stdout
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True, timeout=120)
+        try:
+            return _build(source, out)
+        finally:
+            shutil.rmtree(source, ignore_errors=True)
+
+
+def venv(where: Path, extras: str = "pulumi", wheel_file: Path | None = None) -> Path:
+    """A new virtualenv at `where` with the wheel (this checkout's, or `wheel_file`) installed
+    (`nvlfabric[extras]`); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
     python = where / "bin" / "python"
-    spec = f"nvlfabric[{extras}] @ {wheel().as_uri()}" if extras else f"nvlfabric @ {wheel().as_uri()}"
+    uri = (wheel_file or wheel()).as_uri()
+    spec = f"nvlfabric[{extras}] @ {uri}" if extras else f"nvlfabric @ {uri}"
     proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", spec],
                           capture_output=True, text=True, timeout=900, cwd=where)
     if proc.returncode != 0:

@@ -85,8 +85,9 @@ def domain(client: Client, name: str, nodes: list[str], spec: dict[str, object] 
     return str(cd.metadata.uid)
 
 
-def edits(state: Path, node: str, pod: str) -> dict[str, object]:
-    return json.loads((state / "nodes" / node / "containers" / f"default_{pod}_worker.json").read_text())
+def edits(state: Path, node: str, pod: str, container: str = "worker") -> dict[str, object]:
+    """The CDI edits the simulated runtime applied to a container of pod default/`pod`."""
+    return json.loads((state / "nodes" / node / "containers" / f"default_{pod}_{container}.json").read_text())
 
 
 def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlane, Client]) -> None:
@@ -223,7 +224,7 @@ def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: t
         client.get(Node, node.name).metadata.labels or {}), timeout=60)
 
 
-def _imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
+def imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
     """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
     by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
     work = f"plugins/{DRIVER}/imex/clique-{clique}"
@@ -265,13 +266,13 @@ def test_running_pods_keep_their_imex_daemon_across_an_agent_kill_and_a_rolling_
             eventually(f"pod {name}-{i} to run", lambda i=i: (
                 client.get(Pod, f"{name}-{i}", namespace="default").status.phase == "Running"), timeout=120)
         claim = client.get(ResourceClaim, f"{name}-channel", namespace="default")
-        before = {n: _imex_daemon(nodes[n], clique) for n in names}
+        before = {n: imex_daemon(nodes[n], clique) for n in names}
         assert all(len(pids) == 1 for pids, _ in before.values()), before
         containers = {i: edits(cp.state_dir, n, f"{name}-{i}") for i, n in enumerate(names)}
 
         def unchanged(when: str) -> None:
             for n in names:
-                assert _imex_daemon(nodes[n], clique) == before[n], f"{when}: {n}'s IMEX daemon changed"
+                assert imex_daemon(nodes[n], clique) == before[n], f"{when}: {n}'s IMEX daemon changed"
                 cp_file = nodes[n].kubelet_root / "plugins" / DRIVER / "checkpoint.json"
                 entry = json.loads(cp_file.read_text())["claims"][claim.metadata.uid]
                 assert entry["state"] == "PrepareCompleted", f"{when}: {n}: {entry}"

@@ -107,9 +107,9 @@ def test_the_wheel_installs_nvlfabric_alone(platform_venv: Path) -> None:
     assert not [d.name for d in site.iterdir() if d.name in GENERIC]
 
 
-def platform_project(workdir: Path, venv: Path, kubeconfig: Path) -> PulumiProject:
-    """The platform repo's Pulumi project, in the offline environment of nvlfabric/sim/pulumi_cli.py
-    (`simulator_env` + OFFLINE), with only the platform venv's Python on PATH."""
+def platform_project(workdir: Path, venv: Path, kubeconfig: Path, program: str = PROGRAM) -> PulumiProject:
+    """The platform repo's Pulumi project (`program`), in the offline environment of
+    nvlfabric/sim/pulumi_cli.py (`simulator_env` + OFFLINE), with only the platform venv's Python on PATH."""
     workdir.mkdir()
     (workdir / "Pulumi.yaml").write_text(textwrap.dedent(f"""\
         name: platform
@@ -118,7 +118,7 @@ def platform_project(workdir: Path, venv: Path, kubeconfig: Path) -> PulumiProje
           options:
             virtualenv: {venv}
         """))
-    (workdir / "__main__.py").write_text(PROGRAM)
+    (workdir / "__main__.py").write_text(program)
     backend = workdir / ".backend"
     backend.mkdir()
     tools = load_tools()

@@ -1,0 +1,217 @@
+"""An upgrade from the previous release under a running job, as a platform repo does it
+(docs/compatibility.md, "What an upgrade must never do").
+
+The previous release is the newest CHANGELOG release before this version, its wheel built from this
+checkout's git history (its tag, or the commit that set its version) into a virtualenv of its own.
+A platform project on that venv brings up the driver, a rack, a ComputeDomain and a Job of two pods
+on a simulated rack; then the venv gets this checkout's wheel (`pip install` of the new release),
+and:
+- `pulumi preview` replaces and deletes nothing, and touches no domain, workload or claim: the
+  upgrade's steps are the golden file tests/golden/upgrade/from-<previous>.json (updated with
+  NVLFABRIC_UPDATE_GOLDEN=1, and reviewed: a new step there is something users will see);
+- `pulumi up` rolls the agents and the controller to the new image while the job's pods keep
+  running, with their IMEX daemon (its pid), channel, claim allocation and containers;
+- `pulumi refresh` finds nothing changed, and the domain removed from the program is deleted
+  through the state the previous release wrote.
+
+The simulated nodes run every tag of the agent image from this checkout: what rolls is the
+Kubernetes side (DaemonSets, Deployment, pods), not the previous release's agent code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from lightkube import Client
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+
+import nvlfabric
+from nvlfabric.api import names
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.sim.cluster import eventually, ready_domain_status
+from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.sim.nvml.topology import rack_name
+from tests import installed
+from tests.conftest import simulated_rack
+from tests.test_e2e_agent_on_sim import edits, imex_daemon
+from tests.test_installed_wheel import platform_project
+
+pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
+RACK = 166  # addresses 127.10.166.x: a rack number no other test uses
+GOLDEN = installed.REPO / "tests" / "golden" / "upgrade"
+RELEASE = re.compile(r"^## (\d+\.\d+\.\d+) — ", re.M)
+# What an upgrade may never replace, delete or change: the user's domains, workloads and claims.
+KEPT_TYPES = ("ComputeDomain", "BoundJob", "batch/v1:Job", "ResourceClaim")
+
+PROGRAM = '''\
+"""A platform repo's stack: the driver, one NVL72 rack, and (unless `removeDomain`) a ComputeDomain
+with a Job of two pods bound to it."""
+
+import pulumi
+
+from nvlfabric import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
+
+config = pulumi.Config()
+driver = NvlfabricDriver("nvlfabric", channels_per_clique=16)
+rack = Nvl72Rack(config.require("rack"), nodes=config.require_object("nodes"))
+if not config.get_bool("removeDomain"):
+    cd = ComputeDomain("pretrain", name=config.require("domain"), opts=pulumi.ResourceOptions(depends_on=[driver]))
+    BoundJob("pretrain", name=config.require("domain"), compute_domain=cd, parallelism=2, gpus_per_pod=4,
+             pod_template={"spec": {"containers": [{"name": "trainer", "image": "registry.invalid/train:1"}]}})
+'''
+
+
+def previous_release() -> tuple[str, str]:
+    """(version, git ref) of the newest release before this version."""
+    released = RELEASE.findall((installed.REPO / "CHANGELOG.md").read_text())
+    older = [v for v in released if v != nvlfabric.__version__]
+    if not older:
+        pytest.skip("no release before this one to upgrade from")
+    version = older[0]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(installed.REPO), *args], check=True, capture_output=True, text=True,
+                              timeout=60).stdout.strip()
+
+    if git("tag", "--list", f"v{version}"):
+        return version, f"v{version}"
+    # A clone without tags: the commit that set the version (tests/test_release.py holds the two equal).
+    commits = git("log", "--format=%H", "-S", f'__version__ = "{version}"', "--", "nvlfabric/api/release.py").split()
+    assert commits, f"no tag v{version} and no commit that sets version {version}"
+    return version, commits[-1]
+
+
+@pytest.fixture(scope="module")
+def rack() -> Iterator[tuple[ControlPlane, Client]]:
+    with simulated_rack(ports=free_ports(), first_rack=RACK, nodes=2, field_manager="upgrade-test",
+                        prefix="nvlupg-") as sim:
+        yield sim
+
+
+def _steps(preview: dict[str, Any]) -> list[list[Any]]:
+    """The preview's steps that do something: [op, type, name, the properties that differ], sorted."""
+    out = []
+    for st in preview["steps"]:
+        if st["op"] in ("same", "read"):
+            continue
+        type_, name = st["urn"].split("::")[-2].split("$")[-1], st["urn"].split("::")[-1]
+        out.append([st["op"], type_, name, sorted(st.get("detailedDiff") or st.get("diffReasons") or [])])
+    return sorted(out)
+
+
+def _golden(name: str, got: list[list[Any]]) -> list[list[Any]]:
+    path = GOLDEN / name
+    if os.environ.get("NVLFABRIC_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(got, indent=1) + "\n")
+    assert path.exists(), f"{path} is missing; run with NVLFABRIC_UPDATE_GOLDEN=1 and review it"
+    return list(json.loads(path.read_text()))
+
+
+def _driver_pods(client: Client, name: str) -> dict[str, Pod]:
+    return {p.metadata.name: p for p in client.list(Pod, namespace=names.NAMESPACE,
+                                                   labels={"app.kubernetes.io/name": name})
+            if p.metadata.deletionTimestamp is None}
+
+
+def _serving(client: Client, name: str, image: str, count: int) -> dict[str, Pod] | None:
+    pods = _driver_pods(client, name)
+    fine = len(pods) == count and all(p.status.phase == "Running" and p.spec.containers[0].image == image
+                                      and all(c.ready for c in p.status.containerStatuses or [])
+                                      for p in pods.values())
+    return pods if fine else None
+
+
+@pytest.mark.timeout(1500)
+def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
+        tmp_path: Path, rack: tuple[ControlPlane, Client]) -> None:
+    cp, client = rack
+    version, ref = previous_release()
+    venv = tmp_path / "venv"
+    installed.venv(venv, "pulumi", installed.release_wheel(ref))
+    nodes = sorted(n.name for n in cp.nodes())
+    domain = f"pretrain-{uuid.uuid4().hex[:5]}"
+    proj = platform_project(tmp_path / "proj", venv, cp.kubeconfig, PROGRAM)
+    proj.run("stack", "init", "dev")
+    for key, value in (("domain", domain), ("rack", rack_name(RACK)), ("nodes", json.dumps(nodes))):
+        proj.run("config", "set", key, value)
+    proj.run("up", "--yes", "--skip-preview", timeout=400)
+
+    # The previous release, running: its image, the domain Ready, the Job's pods on both nodes.
+    old_image = f"{names.AGENT_IMAGE_REPOSITORY}:{version}"
+    agents = eventually("the previous release's agents to serve", lambda: _serving(
+        client, "nvlfabric-agent", old_image, len(nodes)), timeout=180)
+    keepers = eventually("the IMEX keepers to run", lambda: _serving(
+        client, "nvlfabric-imex", old_image, len(nodes)), timeout=120)
+    status = ready_domain_status(client, domain)
+    members = {names.COMPUTE_DOMAIN_LABEL: domain}
+    pods = eventually("the Job's two pods to run", lambda: (
+        ps if len(ps := [p for p in client.list(Pod, namespace="default", labels=members)
+                         if p.status.phase == "Running"]) == 2 else None), timeout=120)
+    clique = (client.get(Node, nodes[0]).metadata.labels or {})[names.CLIQUE_LABEL]
+    by_node = {n.name: n for n in cp.nodes()}
+    daemons = {n: imex_daemon(by_node[n], clique) for n in nodes}
+    assert all(len(pids) == 1 for pids, _ in daemons.values()), daemons
+    containers = {p.metadata.name: edits(cp.state_dir, p.spec.nodeName, p.metadata.name, "trainer") for p in pods}
+    claim = client.get(ResourceClaim, f"{domain}-channel", namespace="default")
+    job = client.get(Job, domain, namespace="default")
+    cd = client.get(ComputeDomainResource, domain, namespace="default")
+
+    # The platform installs the new release into its venv.
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                          "--disable-pip-version-check", f"nvlfabric[pulumi] @ {installed.wheel().as_uri()}"],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+
+    steps = _steps(proj.json("preview", "--json", "--diff"))
+    assert not [s for s in steps if s[0] not in ("update",)], f"the upgrade would replace or delete: {steps}"
+    assert not [s for s in steps if s[1].endswith(KEPT_TYPES)], f"the upgrade touches a user's object: {steps}"
+    assert steps == _golden(f"from-{version}.json", steps)
+
+    proj.run("up", "--yes", "--skip-preview", timeout=400)
+    new_image = names.AGENT_IMAGE
+    rolled = eventually("the agents to roll to the new image", lambda: _serving(
+        client, "nvlfabric-agent", new_image, len(nodes)), timeout=240)
+    assert not set(rolled) & set(agents), "every agent pod is a new one"
+    eventually("the controller to roll to the new image", lambda: _serving(
+        client, "nvlfabric-controller", new_image, 2), timeout=180)
+    # The keeper's DaemonSet is OnDelete: its pods, and the IMEX daemons they hold, stay.
+    assert set(_driver_pods(client, "nvlfabric-imex")) == set(keepers)
+    assert client.get(DaemonSet, "nvlfabric-imex", namespace=names.NAMESPACE).spec.template.spec.containers[
+        0].image == new_image
+
+    for n in nodes:
+        assert imex_daemon(by_node[n], clique) == daemons[n], f"{n}'s IMEX daemon changed with the upgrade"
+    for p in pods:
+        now = client.get(Pod, p.metadata.name, namespace="default")
+        assert now.metadata.uid == p.metadata.uid and now.status.phase == "Running", now.status
+        assert edits(cp.state_dir, p.spec.nodeName, p.metadata.name, "trainer") == containers[p.metadata.name]
+    now = client.get(ResourceClaim, f"{domain}-channel", namespace="default")
+    assert now.metadata.uid == claim.metadata.uid and now.status.allocation == claim.status.allocation
+    assert client.get(Job, domain, namespace="default").metadata.uid == job.metadata.uid
+    assert client.get(ComputeDomainResource, domain, namespace="default").metadata.uid == cd.metadata.uid
+    assert ready_domain_status(client, domain)["channel"] == status["channel"]
+
+    proj.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", timeout=300)
+
+    # The domain leaves the program: deleted through the state the previous release wrote.
+    proj.run("config", "set", "removeDomain", "true")
+    proj.run("up", "--yes", "--skip-preview", timeout=400)
+    with pytest.raises(httpx2.HTTPStatusError) as err:
+        client.get(ComputeDomainResource, domain, namespace="default")
+    assert err.value.response.status_code == 404
+    assert not list(client.list(ResourceClaim, namespace="default"))
+    assert not list(client.list(Job, namespace="default"))
+    proj.run("destroy", "--yes", "--skip-preview", timeout=400)
