@@ -85,9 +85,9 @@ def domain(client: Client, name: str, nodes: list[str], spec: dict[str, object] 
     return str(cd.metadata.uid)
 
 
-def edits(state: Path, node: str, pod: str, container: str = "worker") -> dict[str, object]:
-    """The CDI edits the simulated runtime applied to a container of pod default/`pod`."""
-    return json.loads((state / "nodes" / node / "containers" / f"default_{pod}_{container}.json").read_text())
+def edits(state: Path, node: str, pod: str, container: str = "worker", namespace: str = "default") -> dict[str, object]:
+    """The CDI edits the simulated runtime applied to a container of pod `namespace`/`pod`."""
+    return json.loads((state / "nodes" / node / "containers" / f"{namespace}_{pod}_{container}.json").read_text())
 
 
 def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlane, Client]) -> None:

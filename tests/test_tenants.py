@@ -63,25 +63,31 @@ def _rules() -> list[PolicyRule]:
             PolicyRule(apiGroups=[names.GROUP], resources=["computedomains"], verbs=verbs)]
 
 
+def make_tenant(admin: Client, kubeconfig: dict[str, Any], other: str, own: str) -> Client:
+    """Namespaces `other` and `own`, and a client of the tenant's service account of `own` with a
+    Role there (`_rules`), as a platform sets a team up."""
+    for ns in (other, own):
+        admin.create(Namespace(metadata=ObjectMeta(name=ns)))
+    admin.create(ServiceAccount(metadata=ObjectMeta(name=TENANT, namespace=own)))
+    admin.create(Role(metadata=ObjectMeta(name=TENANT, namespace=own), rules=_rules()))
+    admin.create(RoleBinding(metadata=ObjectMeta(name=TENANT, namespace=own), roleRef=RoleRef(
+        apiGroup="rbac.authorization.k8s.io", kind="Role", name=TENANT),
+        subjects=[Subject(kind="ServiceAccount", name=TENANT, namespace=own)]))
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    return token_client(admin, cluster["server"], cluster["certificate-authority-data"], TENANT, bound_pod=None,
+                        manager="tenant", namespace=own)
+
+
 @pytest.fixture(scope="module")
 def tenants(cluster: Cluster) -> Iterator[Tenants]:
     admin = cluster.client
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = kubeconfig["clusters"][0]["cluster"]["server"]
-    ca_data = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
     suffix = uuid.uuid4().hex[:5]
     a, b = f"tenant-a-{suffix}", f"tenant-b-{suffix}"
     tenant: Client | None = None
     try:
         install_driver_objects(admin)
-        for ns in (a, b):
-            admin.create(Namespace(metadata=ObjectMeta(name=ns)))
-        admin.create(ServiceAccount(metadata=ObjectMeta(name=TENANT, namespace=b)))
-        admin.create(Role(metadata=ObjectMeta(name=TENANT, namespace=b), rules=_rules()))
-        admin.create(RoleBinding(metadata=ObjectMeta(name=TENANT, namespace=b), roleRef=RoleRef(
-            apiGroup="rbac.authorization.k8s.io", kind="Role", name=TENANT),
-            subjects=[Subject(kind="ServiceAccount", name=TENANT, namespace=b)]))
-        tenant = token_client(admin, server, ca_data, TENANT, bound_pod=None, manager="tenant", namespace=b)
+        tenant = make_tenant(admin, kubeconfig, a, b)
         t = Tenants(admin=admin, tenant=tenant, a=a, b=b)
         policy_in_effect(lambda: admin.create(codecs.from_dict(_claim(b, "probe")), dry_run=True))
         eventually("the tenant's Role to be in effect", lambda: _can_list(t))

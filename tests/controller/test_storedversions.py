@@ -21,6 +21,7 @@ import json
 import shutil
 import tempfile
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from nvlfabric.api import crdgen, names
 from nvlfabric.controller import storedversions
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.provider.computedomain import ComputeDomainProvider, check_inputs
-from nvlfabric.sim.cluster import install_crd
+from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.cluster
@@ -83,6 +84,28 @@ def versions(*, storage: str, served_old: bool = True, old: bool = True) -> dict
     return crd
 
 
+def apply(client: Client, cp: ControlPlane, crd: dict[str, Any]) -> None:
+    """Apply a CRD change and wait until the API server acts on it: a CRD is Established at once,
+    while its handlers (served versions, storage version) follow a moment later."""
+    install_crd(client, crd)
+    storage = next(v["name"] for v in crd["spec"]["versions"] if v["storage"])
+    served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+    probe = create_namespaced_resource(names.GROUP, served[-1], api.KIND, api.PLURAL)
+
+    def in_effect() -> bool:
+        name = f"probe-{uuid.uuid4().hex[:6]}"
+        try:
+            client.create(probe(metadata=ObjectMeta(name=name, namespace=NS), spec={}))
+        except httpx2.HTTPStatusError:
+            return False  # the version is not served yet
+        try:
+            return stored_as(cp, name) == f"{names.GROUP}/{storage}"
+        finally:
+            client.delete(probe, name, namespace=NS)
+
+    eventually(f"the API server to serve {served} and store {storage}", in_effect, timeout=30)
+
+
 def stored_versions(client: Client) -> list[str]:
     status = client.get(CustomResourceDefinition, api.CRD_NAME).status
     return list((status.storedVersions if status else None) or [])
@@ -98,7 +121,7 @@ def test_a_next_version_is_served_stored_and_migrated_while_the_provider_reads_o
     assert stored_as(cp, "before") == api.API_VERSION
 
     # Release N: v1alpha2 served beside v1alpha1, which stays the storage version.
-    install_crd(client, versions(storage="v1alpha1"))
+    apply(client, cp, versions(storage="v1alpha1"))
     client.create(NEXT(metadata=ObjectMeta(name="during", namespace=NS), spec={"numNodes": 1, "note": "x"}))
     assert stored_as(cp, "during") == api.API_VERSION
     assert client.get(NEXT, "before", namespace=NS).spec["numNodes"] == 2
@@ -107,7 +130,7 @@ def test_a_next_version_is_served_stored_and_migrated_while_the_provider_reads_o
 
     # Release N+1: v1alpha2 stored. Objects of v1alpha1 remain until rewritten, so the API server
     # refuses to drop v1alpha1 while storedVersions names it.
-    install_crd(client, versions(storage="v1alpha2"))
+    apply(client, cp, versions(storage="v1alpha2"))
     client.create(NEXT(metadata=ObjectMeta(name="after", namespace=NS), spec={"numNodes": 3}))
     assert stored_as(cp, "after") == "nvlfabric.io/v1alpha2"
     assert stored_as(cp, "before") == api.API_VERSION
@@ -115,7 +138,8 @@ def test_a_next_version_is_served_stored_and_migrated_while_the_provider_reads_o
     with pytest.raises(ApiError) as refused:
         client.patch(CustomResourceDefinition, api.CRD_NAME, versions(storage="v1alpha2", old=False),
                      patch_type=PatchType.APPLY, field_manager="versions-test", force=True)
-    assert "must remain in spec.versions until a storage migration" in (refused.value.status.message or ""), refused.value.status.message
+    message = refused.value.status.message or ""
+    assert "must remain in spec.versions until a storage migration" in message, message
 
     done = storedversions.migrate(client)
     assert done == storedversions.Migrated("v1alpha2", 3, ("v1alpha1",))
@@ -127,11 +151,12 @@ def test_a_next_version_is_served_stored_and_migrated_while_the_provider_reads_o
     assert (after["uid"], after["spec"]["numNodes"]) == (created.outs["uid"], 2)
 
     # Release N+2 may stop serving v1alpha1 (and, a release later, drop it).
-    install_crd(client, versions(storage="v1alpha2", served_old=False))
+    apply(client, cp, versions(storage="v1alpha2", served_old=False))
     with pytest.raises(httpx2.HTTPStatusError) as gone:  # a bare 404: the version is not served
-        client.get(ComputeDomainResource, "before", namespace=NS)
+        eventually("v1alpha1 to stop being served", lambda: client.get(ComputeDomainResource, "before", namespace=NS)
+                   and None, timeout=30)
     assert gone.value.response.status_code == 404
     assert client.get(NEXT, "before", namespace=NS).spec["numNodes"] == 2
-    install_crd(client, versions(storage="v1alpha2", old=False))
+    apply(client, cp, versions(storage="v1alpha2", old=False))
     assert [v.name for v in client.get(CustomResourceDefinition, api.CRD_NAME).spec.versions] == ["v1alpha2"]
     client.close()
