@@ -100,7 +100,7 @@ def rack() -> Iterator[tuple[ControlPlane, Client]]:
         yield sim
 
 
-def _steps(preview: dict[str, Any]) -> list[list[Any]]:
+def steps_of(preview: dict[str, Any]) -> list[list[Any]]:
     """The preview's steps that do something: [op, type, name, the properties that differ], sorted."""
     out = []
     for st in preview["steps"]:
@@ -111,7 +111,7 @@ def _steps(preview: dict[str, Any]) -> list[list[Any]]:
     return sorted(out)
 
 
-def _golden(name: str, got: list[list[Any]]) -> list[list[Any]]:
+def golden(name: str, got: list[list[Any]]) -> list[list[Any]]:
     path = GOLDEN / name
     if os.environ.get("NVLFABRIC_UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,10 +175,10 @@ def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
                          capture_output=True, text=True, timeout=900)
     assert pip.returncode == 0, pip.stdout + pip.stderr
 
-    steps = _steps(proj.json("preview", "--json", "--diff"))
+    steps = steps_of(proj.json("preview", "--json", "--diff"))
     assert not [s for s in steps if s[0] not in ("update",)], f"the upgrade would replace or delete: {steps}"
     assert not [s for s in steps if s[1].endswith(KEPT_TYPES)], f"the upgrade touches a user's object: {steps}"
-    assert steps == _golden(f"from-{version}.json", steps)
+    assert steps == golden(f"from-{version}.json", steps)
 
     proj.run("up", "--yes", "--skip-preview", timeout=400)
     new_image = names.AGENT_IMAGE
