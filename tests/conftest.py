@@ -24,6 +24,7 @@ from lightkube.config.kubeconfig import KubeConfig
 
 from nvlfabric.sim import processes
 from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports  # free_ports: also imported from here
+from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.paths import REPO
 
 TEST_PORTS = Ports(etcd_client=33790, etcd_peer=33800, apiserver=36443, scheduler=30259)
@@ -67,15 +68,17 @@ def cluster() -> Iterator[Cluster]:
 
 @contextlib.contextmanager
 def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manager: str,
-                   prefix: str, racks: int = 1,
-                   workload_scheduling: bool = False) -> Iterator[tuple[ControlPlane, Client]]:
+                   prefix: str, racks: int = 1, workload_scheduling: bool = False,
+                   images: dict[str, ImageProgram] | None = None) -> Iterator[tuple[ControlPlane, Client]]:
     """A control plane of its own with one rack of `nodes` simulated GB200 nodes (rack number
-    `first_rack`: addresses 127.10.<first_rack>.x, node names from it), and a client for it.
-    Stopped and removed afterwards; the agents' and the kubelet's last log lines are printed
-    (pytest shows them when a test failed)."""
+    `first_rack`: addresses 127.10.<first_rack>.x, node names from it), and a client for it;
+    `images` over the simulator's default ones (nvlfabric/sim/images.py). Stopped and removed
+    afterwards; the agents' and the kubelet's last log lines are printed (pytest shows them when a
+    test failed)."""
     state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     cp = ControlPlane(state_dir=state, ports=ports, racks=racks, nodes_per_rack=nodes, first_rack=first_rack,
-                      progress=lambda m: None, workload_scheduling=workload_scheduling)
+                      progress=lambda m: None, workload_scheduling=workload_scheduling,
+                      images={**default_images(), **(images or {})})
     cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager=field_manager)
     try:

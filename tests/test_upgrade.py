@@ -14,8 +14,11 @@ and:
 - `pulumi refresh` finds nothing changed, and the domain removed from the program is deleted
   through the state the previous release wrote.
 
-The simulated nodes run every tag of the agent image from this checkout: what rolls is the
-Kubernetes side (DaemonSets, Deployment, pods), not the previous release's agent code.
+The simulated nodes run the previous release's agent image (`nvlfabric/node-agent:<previous>`)
+from a virtualenv of that release's wheel with its `node` extra, and this release's image from the
+checkout (nvlfabric/sim/images.py maps a tag of its own): the agents that roll are the previous
+release's code, the new agents adopt what those prepared, and the previous release's IMEX keepers
+(OnDelete) keep serving the new agents.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from nvlfabric.api import names
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nvml.topology import rack_name
 from tests import installed
 from tests.conftest import simulated_rack
@@ -94,10 +98,37 @@ def previous_release() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def rack() -> Iterator[tuple[ControlPlane, Client]]:
+def previous() -> tuple[str, str, Path]:
+    """(version, git ref, its wheel) of the previous release."""
+    version, ref = previous_release()
+    return version, ref, installed.release_wheel(ref)
+
+
+@pytest.fixture(scope="module")
+def rack(previous: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory,
+         ) -> Iterator[tuple[ControlPlane, Client, Path]]:
+    """A simulated rack whose nodes run the previous release's agent image from its own virtualenv."""
+    version, _, wheel = previous
+    node_venv = tmp_path_factory.mktemp("previous-node") / "venv"
+    installed.venv(node_venv, "node", wheel)
+    old_image = {f"{names.AGENT_IMAGE_REPOSITORY}:{version}": ImageProgram(
+        entrypoint=[str(node_venv / "bin" / "python"), "-m", "nvlfabric"])}
     with simulated_rack(ports=free_ports(), first_rack=RACK, nodes=2, field_manager="upgrade-test",
-                        prefix="nvlupg-") as sim:
-        yield sim
+                        prefix="nvlupg-", images=old_image) as (cp, client):
+        yield cp, client, node_venv
+
+
+def running_from(venv: Path, role: str) -> list[int]:
+    """Pids of this machine's processes that run `role` (agent, imex, controller) with `venv`'s Python."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0] == str(venv / "bin" / "python").encode() and role.encode() in argv[1:]:
+            out.append(int(proc.name))
+    return out
 
 
 def steps_of(preview: dict[str, Any]) -> list[list[Any]]:
@@ -136,11 +167,11 @@ def _serving(client: Client, name: str, image: str, count: int) -> dict[str, Pod
 
 @pytest.mark.timeout(1500)
 def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
-        tmp_path: Path, rack: tuple[ControlPlane, Client]) -> None:
-    cp, client = rack
-    version, ref = previous_release()
+        tmp_path: Path, previous: tuple[str, str, Path], rack: tuple[ControlPlane, Client, Path]) -> None:
+    cp, client, node_venv = rack
+    version, _, wheel = previous
     venv = tmp_path / "venv"
-    installed.venv(venv, "pulumi", installed.release_wheel(ref))
+    installed.venv(venv, "pulumi", wheel)
     nodes = sorted(n.name for n in cp.nodes())
     domain = f"pretrain-{uuid.uuid4().hex[:5]}"
     proj = platform_project(tmp_path / "proj", venv, cp.kubeconfig, PROGRAM)
@@ -155,6 +186,8 @@ def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
         client, "nvlfabric-agent", old_image, len(nodes)), timeout=180)
     keepers = eventually("the IMEX keepers to run", lambda: _serving(
         client, "nvlfabric-imex", old_image, len(nodes)), timeout=120)
+    old_keepers = running_from(node_venv, "imex")
+    assert len(running_from(node_venv, "agent")) == len(nodes) == len(old_keepers), "the previous release's code runs"
     status = ready_domain_status(client, domain)
     members = {names.COMPUTE_DOMAIN_LABEL: domain}
     pods = eventually("the Job's two pods to run", lambda: (
@@ -187,8 +220,14 @@ def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
     assert not set(rolled) & set(agents), "every agent pod is a new one"
     eventually("the controller to roll to the new image", lambda: _serving(
         client, "nvlfabric-controller", new_image, 2), timeout=180)
-    # The keeper's DaemonSet is OnDelete: its pods, and the IMEX daemons they hold, stay.
+    assert running_from(node_venv, "agent") == [], "an agent of the previous release still runs"
+    for pod in rolled.values():  # the release an agent runs is its log's first line
+        log = by_node[pod.spec.nodeName].pod_dir(pod.metadata.uid) / "agent.log"
+        assert f"nvlfabric {nvlfabric.__version__}: node agent of node {pod.spec.nodeName}" in log.read_text()
+    # The keeper's DaemonSet is OnDelete: its pods (the previous release's code), and the IMEX
+    # daemons they hold, stay; the new agents talk to them.
     assert set(_driver_pods(client, "nvlfabric-imex")) == set(keepers)
+    assert running_from(node_venv, "imex") == old_keepers
     assert client.get(DaemonSet, "nvlfabric-imex", namespace=names.NAMESPACE).spec.template.spec.containers[
         0].image == new_image
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from nvlfabric.api import names, process
 from nvlfabric.api.computedomain import IMEXMode
+from nvlfabric.api.release import __version__
 
 log = logging.getLogger("nvlfabric.controller")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # no probes answer then: the kubelet's liveness probe restarts us
         log.error("cannot serve /healthz, /readyz and /metrics on %s:%d: %s", cfg.listen_address or "*",
                   cfg.health_port, exc)
-    log.info("controller %s: standby until it holds Lease %s/%s", cfg.identity, cfg.lease_namespace, cfg.lease_name)
+    log.info("nvlfabric %s: controller %s, standby until it holds Lease %s/%s", __version__, cfg.identity,
+             cfg.lease_namespace, cfg.lease_name)
     controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes)
     if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
         return 0

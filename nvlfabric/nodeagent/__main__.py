@@ -23,6 +23,7 @@ from typing import cast
 
 from nvlfabric.api import errors, names, process
 from nvlfabric.api.names import DRIVER
+from nvlfabric.api.release import __version__
 from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, kubeapi, metrics, settings
 from nvlfabric.nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import DeviceHealth, PluginServer, SocketPaths
@@ -73,6 +74,7 @@ def tune_malloc() -> None:
 
 def run_agent(args: Settings, stop: threading.Event) -> int:
     tune_malloc()
+    log.info("nvlfabric %s: node agent of node %s", __version__, args.node_name)  # which release runs here
     client = client_from(args, f"nvlfabric-agent-{args.node_name}")
     try:
         boot_id = checkpoint.read_boot_id(args.boot_id)

@@ -2,7 +2,7 @@
 
 A simulated node has no container runtime and pulls nothing: a container runs only if its image
 maps to a program on this machine; any other container is recorded and runs nothing (its log
-says so). The file maps image references, without tag or digest, to what the image would run:
+says so). The file maps image references (names, or names with a tag) to what the image would run:
 
 ```yaml
 # images.yaml
@@ -14,6 +14,11 @@ images:
     entrypoint: [/usr/local/bin/exporter]
     cmd: [--port=9100]
 ```
+
+A reference with a tag (`registry.example.com/ml/train:2.1`) maps that tag alone, and wins over
+the reference without one: as a real node runs what each tag's image holds, one simulator can run
+two releases of a program side by side (the upgrade test runs the previous release's agent image
+from that release's virtualenv). Digests are not mapped.
 
 The container's own `command` and `args` apply as Kubernetes applies them to an image:
 `command` replaces the ENTRYPOINT (and drops CMD), `args` replaces CMD; both with `$(VAR)`
@@ -63,9 +68,8 @@ class ImagesFile(BaseModel):
     @classmethod
     def _references(cls, images: dict[str, _Entry]) -> dict[str, _Entry]:
         for ref in images:
-            last = ref.rsplit("/", 1)[-1]
-            if ":" in last or "@" in ref:
-                raise ValueError(f"{ref!r}: give the image without tag or digest (every tag of it runs the same)")
+            if "@" in ref:
+                raise ValueError(f"{ref!r}: give the image with a tag or without one, not with a digest")
         return images
 
 
@@ -89,6 +93,12 @@ def load(path: Path) -> dict[str, ImageProgram]:
         value = entry.root
         out[ref] = value if isinstance(value, ImageProgram) else ImageProgram(entrypoint=value)
     return out
+
+
+def program_for(images: dict[str, ImageProgram], reference: str) -> ImageProgram | None:
+    """What a container of image `reference` runs: its tag's entry, else its name's, else None."""
+    tagged = reference.split("@", 1)[0]
+    return images.get(tagged) or images.get(image_name(reference))
 
 
 def image_name(reference: str) -> str:

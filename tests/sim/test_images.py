@@ -24,8 +24,22 @@ def test_a_file_maps_images_as_entrypoints_or_entrypoint_and_cmd_over_the_defaul
     assert got[AGENT_IMAGE].entrypoint == [sys.executable, "-m", "nvlfabric"]  # nvlfabric's own stays mapped
 
 
+def test_a_tag_maps_that_tag_alone_and_wins_over_the_untagged_name(tmp_path: Path) -> None:
+    """Two releases of one image side by side, as nodes that pulled each tag would run them."""
+    f = tmp_path / "images.yaml"
+    f.write_text("images:\n  localhost:5000/ml/train: [/bin/new]\n  localhost:5000/ml/train:0.1.0: [/old/bin/train]\n")
+    got = images.load(f)
+    assert images.program_for(got, "localhost:5000/ml/train:0.1.0").entrypoint == ["/old/bin/train"]
+    assert images.program_for(got, "localhost:5000/ml/train:0.2.0").entrypoint == ["/bin/new"]
+    assert images.program_for(got, "localhost:5000/ml/train").entrypoint == ["/bin/new"]
+    assert images.program_for(got, "localhost:5000/ml/train:0.1.0@sha256:" + "b" * 64).entrypoint == [
+        "/old/bin/train"]
+    assert images.program_for(got, "localhost:5000/ml/other:0.1.0") is None
+    assert images.program_for(got, f"{AGENT_IMAGE}:9.9.9") == images.default_images()[AGENT_IMAGE]
+
+
 @pytest.mark.parametrize(("text", "words"), [
-    ("images:\n  ghcr.io/x/y:1.2: [/bin/y]\n", "'ghcr.io/x/y:1.2': give the image without tag or digest"),
+    ("images:\n  ghcr.io/x/y@sha256:" + "a" * 64 + ": [/bin/y]\n", "with a tag or without one, not with"),
     ("images:\n  ghcr.io/x/y: {entrypoint: []}\n", "images.ghcr.io/x/y"),
     ("images:\n  ghcr.io/x/y: {command: [/bin/y]}\n", "command"),
     ("imges: {}\n", "imges"),

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.sim.cri import runtime_v1_pb2 as cri
 from nvlfabric.sim.cri import runtime_v1_pb2_grpc as cri_grpc
-from nvlfabric.sim.images import ImageProgram, image_name
+from nvlfabric.sim.images import ImageProgram, program_for
 from nvlfabric.sim.kubelet import cdi
 from nvlfabric.sim.kubelet.processes import cdi_mounts_and_devices
 
@@ -239,7 +239,7 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         c.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "PYTHONUNBUFFERED": "1",
                  **self.s.env, "HOSTNAME": sb.config.hostname, **spec_env, **self.s.service_env,
                  **dict(e.split("=", 1) for e in edits.env if "=" in e)}
-        program = self.s.images.get(image_name(c.image))
+        program = program_for(self.s.images, c.image)
         if program is not None:
             c.spec_path = self._write_spec(c, program, edits)
         self._record(sb, c, ids, edits, spec_env)

@@ -62,7 +62,7 @@ from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import hardware, pki
-from nvlfabric.sim.images import ImageProgram, image_name
+from nvlfabric.sim.images import ImageProgram, program_for
 from nvlfabric.sim.kubelet import cdi, logs, probes, rootfs, volumes
 from nvlfabric.sim.kubelet.health import STREAM_RETRY_S, DeviceKey, HealthCache, allocated_resources_status, uses
 from nvlfabric.sim.kubelet.hollow import HollowAgent, is_agent
@@ -1022,7 +1022,8 @@ class SimKubelet:
 
     def _container_process(self, state: NodeState, pod: Pod, container: Container,
                            edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:
-        program = self.config.images[image_name(container.image or "")]
+        program = program_for(self.config.images, container.image or "")
+        assert program is not None  # (`_runs` said so)
         if state.pidns is None:  # a hollow node's first process: it becomes a machine now
             self._start_machine(state)
             if self.config.pki_dir is not None:
@@ -1052,7 +1053,8 @@ class SimKubelet:
     def _runs(self, state: NodeState, pod: Pod, container: Container) -> bool:
         """Whether the container runs as a local process here: its image maps to a program, and it
         is not a DaemonSet's on a hollow node (which runs nothing: hollow.py)."""
-        return image_name(container.image or "") in self.config.images and not (state.node.hollow and _daemon_pod(pod))
+        return (program_for(self.config.images, container.image or "") is not None
+                and not (state.node.hollow and _daemon_pod(pod)))
 
     async def _start_hollow_agent(self, state: NodeState, uid: str) -> None:
         """The agent pod runs on a hollow node: its HollowAgent labels the node and registers, as
