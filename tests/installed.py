@@ -74,3 +74,12 @@ def venv(where: Path, extras: str = "pulumi", wheel_file: Path | None = None) ->
     if proc.returncode != 0:
         raise AssertionError(f"pip install {spec} failed\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return python
+
+
+def commit_setting(version: str) -> str | None:
+    """The commit that set `version` in nvlfabric/api/release.py (a release found without its tag,
+    as in a clone of the branch alone), or None."""
+    commits = subprocess.run(["git", "-C", str(REPO), "log", "--format=%H", "-S", f'__version__ = "{version}"', "--",
+                              "nvlfabric/api/release.py"], check=True, capture_output=True, text=True,
+                             timeout=60).stdout.split()
+    return commits[-1] if commits else None

@@ -20,6 +20,7 @@ from nvlfabric import manifests
 from nvlfabric.api import names
 from nvlfabric.components import NvlfabricDriverArgs, plugin_dir
 from nvlfabric.components.schema import package_schema, semver, version
+from tests import installed
 
 REPO = Path(__file__).resolve().parents[1]
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -101,8 +102,8 @@ def test_each_release_is_tagged_on_a_commit_that_carries_its_version() -> None:
         # A clone made without tags (a CI checkout of the branch alone): the release commit must
         # still be in the history, or the CHANGELOG names a release nobody made.
         assert not tags, f"CHANGELOG has {release} but git has no tag {tag}"
-        commits = _git("log", "--format=%H", "-S", f'__version__ = "{release}"', "--", RELEASE_FILE).split()
-        assert commits, f"CHANGELOG has {release}, but no commit of {RELEASE_FILE} sets it (and no tag {tag})"
+        assert installed.commit_setting(release), \
+            f"CHANGELOG has {release}, but no commit of {RELEASE_FILE} sets it (and no tag {tag})"
 
 
 @pytest.mark.parametrize("path", PICKLED)

@@ -92,9 +92,9 @@ def previous_release() -> tuple[str, str]:
     if git("tag", "--list", f"v{version}"):
         return version, f"v{version}"
     # A clone without tags: the commit that set the version (tests/test_release.py holds the two equal).
-    commits = git("log", "--format=%H", "-S", f'__version__ = "{version}"', "--", "nvlfabric/api/release.py").split()
-    assert commits, f"no tag v{version} and no commit that sets version {version}"
-    return version, commits[-1]
+    commit = installed.commit_setting(version)
+    assert commit, f"no tag v{version} and no commit that sets version {version}"
+    return version, commit
 
 
 @pytest.fixture(scope="module")

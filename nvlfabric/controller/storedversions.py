@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
@@ -48,9 +49,7 @@ def migrate(client: Client, crd_name: str = CRD_NAME) -> Migrated:
     resource = create_namespaced_resource(names.GROUP, storage, KIND, PLURAL)
     rewritten = 0
     for obj in client.list(resource, namespace="*"):
-        if obj.metadata is None or obj.metadata.name is None:
-            continue
-        if _rewrite(client, resource, obj.metadata.name, obj.metadata.namespace):
+        if _rewrite(client, obj):
             rewritten += 1
     client.patch(CustomResourceDefinition.Status, crd_name, {"status": {"storedVersions": [storage]}},
                  patch_type=PatchType.MERGE)
@@ -58,11 +57,11 @@ def migrate(client: Client, crd_name: str = CRD_NAME) -> Migrated:
     return Migrated(storage, rewritten, older)
 
 
-def _rewrite(client: Client, resource: type, name: str, namespace: str | None) -> bool:
-    """Write one object again as it is; False when it is gone (nothing of it is stored any more).
-    A conflict means another writer stored it since the get: in the storage version, so done."""
+def _rewrite(client: Client, obj: Any) -> bool:
+    """Write one listed object again as it is; False when it is gone (nothing of it is stored any
+    more). A conflict means another writer stored it since the list: in the storage version, so done."""
     try:
-        client.replace(client.get(resource, name, namespace=namespace))
+        client.replace(obj)
     except ApiError as exc:
         if exc.status.code == 404:
             return False
