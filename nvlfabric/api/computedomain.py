@@ -93,6 +93,13 @@ class IMEXMode(StrEnum):
     DEDICATED = "Dedicated"
 
 
+class IMEXAuthentication(StrEnum):
+    """Whether the daemons of a ComputeDomain's own IMEX domain authenticate each other."""
+
+    DISABLED = "Disabled"
+    TLS = "TLS"
+
+
 class PlacementScope(StrEnum):
     """How far the ComputeDomain's members may spread."""
 
@@ -157,6 +164,7 @@ _WHY = {
     "imexMode": "the members already joined their IMEX domain",
     "placement": "the members are already placed in a clique",
     "channelClaim": "pods reference the claim by name",
+    "imexAuthentication": "the members' IMEX daemons started with or without credentials",
 }
 
 #: Spec fields (by their API name) that may not change after creation.
@@ -212,6 +220,21 @@ ALL_NEEDS_DEDICATED_MESSAGE = (
     "channels are what isolates ComputeDomains from each other); set imexMode: Dedicated or "
     "channelAllocationMode: Single"
 )
+TLS_NEEDS_DEDICATED_MESSAGE = (
+    "spec.imexAuthentication: TLS requires spec.imexMode: Dedicated (a clique-scoped IMEX domain is shared by every "
+    "ComputeDomain of the clique, so it cannot hold credentials of one of them); set imexMode: Dedicated, or drop "
+    "imexAuthentication"
+)
+TLS_NEEDS_DEDICATED_RULE: JsonDict = {
+    "rule": "!has(self.imexAuthentication) || self.imexAuthentication != 'TLS'"
+    " || (has(self.imexMode) && self.imexMode == 'Dedicated')",
+    "message": TLS_NEEDS_DEDICATED_MESSAGE,
+}
+IMEX_AUTH_RULE: JsonDict = {
+    "rule": "has(self.imexAuthentication) == has(oldSelf.imexAuthentication)"
+    " && (!has(self.imexAuthentication) || self.imexAuthentication == oldSelf.imexAuthentication)",
+    "message": immutable_message("imexAuthentication", _WHY["imexAuthentication"]),
+}
 ALL_NEEDS_DEDICATED_RULE: JsonDict = {
     "rule": "!has(self.channelAllocationMode) || self.channelAllocationMode != 'All'"
     " || (has(self.imexMode) && self.imexMode == 'Dedicated')",
@@ -278,7 +301,8 @@ class ComputeDomainSpec(_Spec):
     """The desired ComputeDomain."""
 
     model_config = ConfigDict(json_schema_extra={
-        "x-kubernetes-validations": [CHANNEL_CLAIM_RULE, ALL_NEEDS_DEDICATED_RULE, *SIZE_RULES],
+        "x-kubernetes-validations": [CHANNEL_CLAIM_RULE, ALL_NEEDS_DEDICATED_RULE, *SIZE_RULES,
+                                     TLS_NEEDS_DEDICATED_RULE, IMEX_AUTH_RULE],
     })
 
     channel_allocation_mode: ChannelAllocationMode = Field(
@@ -313,10 +337,22 @@ class ComputeDomainSpec(_Spec):
                     f"named '<ComputeDomain name>{CHANNEL_CLAIM_SUFFIX}'. Immutable.",
     )
 
+    imex_authentication: IMEXAuthentication | None = Field(
+        None, alias="imexAuthentication",
+        description="imexMode Dedicated only. TLS: the members' IMEX daemons authenticate and encrypt their links "
+                    "with certificates of this ComputeDomain's own certificate authority (the nvlfabric controller "
+                    "issues them to member nodes only, and renews them under the running domain); a daemon with "
+                    "another domain's or no credentials is refused. Disabled: no authentication (as NVIDIA's "
+                    "driver runs IMEX). Unset: the driver's default (NvlfabricDriver imex_authentication), "
+                    "recorded in status.imexAuthentication. Immutable.",
+    )
+
     @model_validator(mode="after")
     def _all_needs_dedicated(self) -> ComputeDomainSpec:
         if self.channel_allocation_mode is ChannelAllocationMode.ALL and self.imex_mode is not IMEXMode.DEDICATED:
             raise ValueError(ALL_NEEDS_DEDICATED_MESSAGE)
+        if self.imex_authentication is IMEXAuthentication.TLS and self.imex_mode is not IMEXMode.DEDICATED:
+            raise ValueError(TLS_NEEDS_DEDICATED_MESSAGE)
         return self
 
     @model_validator(mode="after")
@@ -418,6 +454,16 @@ class ComputeDomainStatus(_Status):
                     "(peer port 50000+10*slot, command port 50005+10*slot), assigned by the controller once "
                     "the clique is known, unique among the clique's dedicated ComputeDomains, never changed.",
         json_schema_extra={"format": "int32"})
+    imex_authentication: IMEXAuthentication | None = Field(
+        None, alias="imexAuthentication",
+        description="imexMode Dedicated only: whether the domain's IMEX daemons authenticate (TLS) or not "
+                    "(Disabled): spec.imexAuthentication, else the driver's default when the controller first saw "
+                    "the domain; never changed, so a later change of the default does not touch running domains.")
+    imex_ca_bundle: str | None = Field(
+        None, alias="imexCABundle", max_length=16384,
+        description="imexAuthentication TLS only: the PEM certificate(s) of the domain's IMEX certificate "
+                    "authority, which the members' daemons trust. Public; the authority's key stays in a Secret "
+                    "of the controller's namespace.")
     nodes: list[NodeStatus] = Field(
         default_factory=list,
         description="One entry per member node, keyed by name; each node's agent owns its own entry "

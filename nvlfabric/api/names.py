@@ -37,6 +37,36 @@ AGENT_IMAGE: Final = f"{AGENT_IMAGE_REPOSITORY}:{__version__}"
 """The image the driver deploys unless told otherwise: tagged with the release that deploys it, so an
 upgrade of the package rolls the agents to the same release (docs/compatibility.md)."""
 
+# -- IMEX authentication (imexAuthentication: TLS) -------------------------------------------------
+
+IMEX_SIGNER: Final = "nvlfabric.io/imex"
+"""The CertificateSigningRequest signerName of IMEX node certificates: the controller signs them with
+the domain's own authority, for member nodes only (nvlfabric/controller/imexauth.py)."""
+AGENT_SERVICE_ACCOUNT: Final = "nvlfabric-agent"
+AGENT_USERNAME: Final = f"system:serviceaccount:{NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
+"""Who may ask for an IMEX node certificate (with the node its token is bound to)."""
+NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+"""The user-info extra a pod-bound service account token carries: the pod's node."""
+IMEX_CA_SECRET_PREFIX: Final = "imex-ca-"
+"""A TLS domain's authority is the Secret `imex-ca-<domain uid>` in NAMESPACE (type kubernetes.io/tls)."""
+IMEX_TARGET_SUFFIX: Final = ".imex.nvlfabric.io"
+"""Every certificate of a domain names `<domain uid>.imex.nvlfabric.io` (IMEX_SECURITY_TARGET_OVERRIDE)."""
+COMPUTE_DOMAIN_UID_LABEL: Final = "nvlfabric.io/compute-domain-uid"
+DEFAULT_IMEX_CERT_VALIDITY_S: Final = 24 * 3600
+"""How long an IMEX node certificate lasts; agents renew it after two thirds."""
+MIN_IMEX_CERT_VALIDITY_S: Final = 10
+
+
+def imex_node_subject(node: str) -> str:
+    """The common name of node `node`'s IMEX certificates (its requests must ask for exactly this)."""
+    return f"system:nvlfabric:imex:{node}"
+
+
+def imex_target(domain_uid: str) -> str:
+    """The name every IMEX certificate of domain `domain_uid` carries (and the daemons check)."""
+    return f"{domain_uid}{IMEX_TARGET_SUFFIX}"
+
+
 # -- the node's IMEX work directory ----------------------------------------------------------------
 # Shared by the agent and the IMEX keeper (two DaemonSets), and bounded by the driver component.
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvlfabric import manifests
 from nvlfabric.api import names
-from nvlfabric.api.computedomain import IMEXMode
+from nvlfabric.api.computedomain import IMEXAuthentication, IMEXMode
 from nvlfabric.api.names import COMPONENT_LABEL
 from nvlfabric.components import program
 from nvlfabric.components._args import PART_OF, validate
@@ -54,6 +54,15 @@ class NvlfabricDriverArgs(BaseModel):
         description="the IMEX modes the agents accept for ComputeDomains: CliqueScoped (one persistent IMEX "
                     "daemon per clique on each node) and/or Dedicated (a daemon per ComputeDomain); allow only "
                     "one to keep nodes at one IMEX daemon each")
+    imex_authentication: IMEXAuthentication = Field(
+        IMEXAuthentication.DISABLED,
+        description="the default imexAuthentication of Dedicated ComputeDomains whose spec does not say: TLS (each "
+                    "domain's IMEX daemons authenticate with certificates of the domain's own authority, issued by "
+                    "the controller to member nodes only) or Disabled; a domain keeps what it started with")
+    imex_cert_validity_s: int = Field(
+        names.DEFAULT_IMEX_CERT_VALIDITY_S, ge=names.MIN_IMEX_CERT_VALIDITY_S,
+        description="seconds an IMEX node certificate lasts; agents renew it after two thirds, under the running "
+                    "domain")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
 
     @field_validator("kubelet_root")
@@ -110,6 +119,12 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
                 c["image"] = args.image
                 if obj["kind"] == "Deployment":
                     _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
+                    # Only when set: an install that does not use them keeps the controller's template
+                    # of earlier releases (an upgrade's preview shows no change there).
+                    if args.imex_authentication is not IMEXAuthentication.DISABLED:
+                        _set_env(c, "IMEX_AUTHENTICATION", args.imex_authentication.value)
+                    if args.imex_cert_validity_s != names.DEFAULT_IMEX_CERT_VALIDITY_S:
+                        _set_env(c, "IMEX_CERT_VALIDITY", str(args.imex_cert_validity_s))
                 if any(e.get("name") == "IMEX_MODES" for e in c.get("env") or []):
                     _set_env(c, "IMEX_MODES", ",".join(m.value for m in args.imex_modes))
                 for m in c.get("volumeMounts") or []:
@@ -146,11 +161,13 @@ class NvlfabricDriver(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, image: str = names.AGENT_IMAGE,
                  driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
                  channels_per_clique: int = 128, imex_modes: list[str] | None = None,
+                 imex_authentication: str = "Disabled", imex_cert_validity_s: int = names.DEFAULT_IMEX_CERT_VALIDITY_S,
                  labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
             "channels_per_clique": channels_per_clique, "labels": labels or {},
+            "imex_authentication": imex_authentication, "imex_cert_validity_s": imex_cert_validity_s,
             **({"imex_modes": imex_modes} if imex_modes is not None else {})}, unknown)
         program.driver_modes(resource_name, {m.value for m in self.args.imex_modes})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from nvlfabric.api import names, process
-from nvlfabric.api.computedomain import IMEXMode
+from nvlfabric.api.computedomain import IMEXAuthentication, IMEXMode
 from nvlfabric.api.release import __version__
 
 log = logging.getLogger("nvlfabric.controller")
@@ -33,6 +33,10 @@ class Settings:
     """Size of each clique's channel pool, 1..names.MAX_CHANNELS_PER_CLIQUE."""
     imex_modes: frozenset[IMEXMode]
     """The agents' modes (NvlfabricDriver imex_modes): a domain of another one is Failed."""
+    imex_authentication: IMEXAuthentication
+    """The default of dedicated domains whose spec has no imexAuthentication (NvlfabricDriver)."""
+    imex_cert_validity_s: float
+    """How long the IMEX node certificates it signs last (agents renew them after two thirds)."""
     log_format: process.LogFormat
     identity: str
     """This replica's name in the Lease: the pod's name ($POD_NAME), else hostname-pid."""
@@ -59,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"each clique's channel pool size, 1..{names.MAX_CHANNELS_PER_CLIQUE} ($CHANNELS_PER_CLIQUE)")
     ap.add_argument("--imex-modes", default=env("IMEX_MODES", ",".join(m.value for m in IMEXMode)),
                     help="comma-separated IMEX modes the node agents prepare ($IMEX_MODES)")
+    ap.add_argument("--imex-authentication", default=env("IMEX_AUTHENTICATION", IMEXAuthentication.DISABLED.value),
+                    help="default imexAuthentication of dedicated ComputeDomains: "
+                         f"{' or '.join(m.value for m in IMEXAuthentication)} ($IMEX_AUTHENTICATION)")
+    ap.add_argument("--imex-cert-validity", default=env("IMEX_CERT_VALIDITY", str(names.DEFAULT_IMEX_CERT_VALIDITY_S)),
+                    help="seconds an IMEX node certificate lasts ($IMEX_CERT_VALIDITY)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env("LOG_FORMAT", "json"))
     ap.add_argument("--identity", default=env("POD_NAME", ""),
                     help="this replica's holder identity in the Lease ($POD_NAME; default hostname-pid)")
@@ -88,6 +97,23 @@ def channels_per_clique(value: str) -> int:
             "NvlfabricDriver(channels_per_clique=...) within that range")
 
 
+def imex_authentication(value: str) -> IMEXAuthentication:
+    try:
+        return IMEXAuthentication(value)
+    except ValueError:
+        raise process.SettingsError(
+            f"--imex-authentication / $IMEX_AUTHENTICATION: {value!r} is not one of "
+            f"{', '.join(m.value for m in IMEXAuthentication)}; set NvlfabricDriver(imex_authentication=...)") from None
+
+
+def imex_cert_validity(value: str) -> float:
+    validity = process.seconds(value, flag="--imex-cert-validity", env="IMEX_CERT_VALIDITY")
+    if validity < names.MIN_IMEX_CERT_VALIDITY_S:
+        raise process.SettingsError(f"--imex-cert-validity / $IMEX_CERT_VALIDITY: {value!r} is under "
+                                    f"{names.MIN_IMEX_CERT_VALIDITY_S} s; agents renew after two thirds of it")
+    return validity
+
+
 def settings(argv: list[str]) -> Settings:
     args = _parser().parse_args(argv)
     duration = process.seconds(args.lease_duration, flag="--lease-duration", env="LEASE_DURATION")
@@ -101,6 +127,8 @@ def settings(argv: list[str]) -> Settings:
     return Settings(kubeconfig=args.kubeconfig, service_account_dir=args.service_account_dir,
                     channels_per_clique=channels_per_clique(args.channels_per_clique),
                     imex_modes=process.imex_modes(args.imex_modes), log_format=args.log_format,
+                    imex_authentication=imex_authentication(args.imex_authentication),
+                    imex_cert_validity_s=imex_cert_validity(args.imex_cert_validity),
                     identity=args.identity or f"{socket.gethostname()}-{os.getpid()}", lease_name=args.lease_name,
                     lease_namespace=args.lease_namespace, lease_duration_s=duration, renew_interval_s=renew,
                     renew_deadline_s=deadline, retry_interval_s=retry,
@@ -136,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                   cfg.health_port, exc)
     log.info("nvlfabric %s: controller %s, standby until it holds Lease %s/%s", __version__, cfg.identity,
              cfg.lease_namespace, cfg.lease_name)
-    controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes)
+    controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes,
+                            imex_authentication=cfg.imex_authentication, imex_cert_validity_s=cfg.imex_cert_validity_s)
     if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
         return 0
     # Leadership lost: exit at once, without waiting for a pass or a reservation under way (os._exit:

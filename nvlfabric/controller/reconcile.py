@@ -14,7 +14,10 @@ as the node agent). Each pass it
   retry each apply over and over);
 - gives each `imexMode: Dedicated` domain an IMEX port slot (`status.imexPortSlot`) once its
   clique is known: unique among the clique's dedicated domains, kept for the domain's life, so
-  every member starts its daemon on the same ports without talking to the others.
+  every member starts its daemon on the same ports without talking to the others;
+- records each dedicated domain's `status.imexAuthentication` (its spec, else the driver's
+  default) and, for TLS, its authority's certificate in `status.imexCABundle`, and signs its
+  members' IMEX certificates (nvlfabric/controller/imexauth.py).
 
 Beside the passes, a `reservations.Reserver` watches unbound pods and channel claims and
 reserves each allocated channel claim for its pending pods in one write, so the scheduler does
@@ -42,7 +45,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import feasibility, pools
+from nvlfabric.controller import feasibility, imexauth, pools
 from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
     AgentNode,
     ComputeDomainResource,
@@ -207,10 +210,15 @@ OWNER_TTL_S = 10.0
 class Controller:
     def __init__(self, client: Client, *, channels_per_clique: int = 128,
                  imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
-                 informers: Informers | None = None) -> None:
+                 informers: Informers | None = None,
+                 imex_authentication: api.IMEXAuthentication = api.IMEXAuthentication.DISABLED,
+                 imex_cert_validity_s: float = names.DEFAULT_IMEX_CERT_VALIDITY_S) -> None:
         self.client = client
         self.channels = channels_per_clique
         self.imex_modes = imex_modes
+        self.imex_authentication = imex_authentication
+        """The driver's default for dedicated domains whose spec does not say."""
+        self.issuer = imexauth.Issuer(client, validity_s=imex_cert_validity_s)
         self.cache = informers or Informers.of(client)
         self.clique_nodes: dict[str, int] = {}
         """Clique → Nodes its agents labelled with it, as of the last domain pass."""
@@ -303,31 +311,63 @@ class Controller:
             free_channels=free_channels((a for _, _, allocs, _ in seen for _, a in allocs), self.channels))
         now = datetime.datetime.now(datetime.UTC)
         live = set()
+        tls: dict[str, imexauth.TlsDomain] = {}
         for obj, cd, allocs, claim_rvs in seen:
             key = _key(cd)
             live.add(key)
+            try:
+                auth = self._imex_auth(obj, cd, entries, tls)
+            except errors.NvlfabricError as exc:
+                log.warning("ComputeDomain %s: IMEX authority: %s", key, exc)
+                continue
             placed = sum(1 for _, a in allocs if a is not None)
             why = feasibility.verdict(cd.spec, inventory, placed) if placed < len(allocs) else None
             blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
             members = entries.get((cd.metadata.namespace or "default", cd.metadata.name), [])
             inputs = ((obj.metadata.resourceVersion if obj.metadata else None), claim_rvs, blocked, slots.get(key),
-                      tuple((e.name, e.address, e.clique, e.ready, e.message, unhealthy.get(e.name)) for e in members))
+                      tuple((e.name, e.address, e.clique, e.ready, e.message, unhealthy.get(e.name)) for e in members),
+                      auth)
             if self._domain_seen.get(key) == inputs:
                 continue  # nothing it is summarised from changed since its last pass
             try:
                 with api_call(f"update the status of ComputeDomain {key}"):
-                    self._reconcile_domain(obj, cd, allocs, slots.get(key), unhealthy, members, blocked)
+                    self._reconcile_domain(obj, cd, allocs, slots.get(key), unhealthy, members, blocked, auth)
                 self._domain_seen[key] = inputs
             except (errors.NvlfabricError, ValueError) as exc:
                 self._domain_seen.pop(key, None)
                 log.warning("ComputeDomain %s: %s", key, exc)
         for gone in self._domain_seen.keys() - live:
             del self._domain_seen[gone]
+        try:
+            if tls:
+                self.issuer.serve(tls)
+            # Every domain the informer holds keeps its authority, even one whose spec does not parse now.
+            self.issuer.collect(str(r.obj.metadata.uid) for r in self.cache.domains.fresh().values()
+                                if r.obj is not None and r.obj.metadata is not None)
+        except errors.NvlfabricError as exc:
+            log.warning("IMEX certificates: %s", exc)
+
+    def _imex_auth(self, obj: Any, cd: api.ComputeDomain, entries: Mapping[tuple[str, str], Sequence[api.NodeStatus]],
+                   tls: dict[str, imexauth.TlsDomain]) -> dict[str, str]:
+        """The status fields of a dedicated domain's IMEX authentication (empty for a clique-scoped
+        one); a TLS domain is added to `tls`, its authority made on first sight."""
+        mode = imexauth.effective(cd.spec, cd.status, self.imex_authentication)
+        if mode is None:
+            return {}
+        if mode is not api.IMEXAuthentication.TLS:
+            return {"imexAuthentication": mode.value}
+        namespace, name = cd.metadata.namespace or "default", cd.metadata.name
+        uid = str((obj.metadata.uid if obj.metadata else None) or "")
+        authority = self.issuer.authority(namespace, name, uid)
+        tls[uid] = imexauth.TlsDomain(namespace, name, uid,
+                                      frozenset(e.name for e in entries.get((namespace, name), ())))
+        return {"imexAuthentication": mode.value, "imexCABundle": authority.cert_pem}
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
                           port_slot: int | None, unhealthy: Mapping[str, str] | None = None,
                           entries: Sequence[api.NodeStatus] = (),
-                          blocked: tuple[api.Phase, str, str] | None = None) -> None:
+                          blocked: tuple[api.Phase, str, str] | None = None,
+                          auth: Mapping[str, str] | None = None) -> None:
         name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
         status = cd.status or api.ComputeDomainStatus()
         current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -339,6 +379,7 @@ class Controller:
         summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
                             groups=allocs if multi else None, blocked=blocked)
         summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
+        summary.update(auth or {})
         # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
         if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
                 (current.get("nodes") or []) == summary["nodes"] and \

@@ -68,6 +68,7 @@ KUBELET_BUDGET_S = 45.0
 DEDICATED_SYNC_S = 2.0  # how often dedicated domains' membership is re-read while any runs here
 SLOT_WAIT_S = 10.0  # how long a prepare waits for the controller to assign a dedicated domain's port slot
 IMEX_READY_BUDGET_S = 30.0  # leaves the rest of the kubelet's 45 s for the other steps
+CREDENTIALS_WAIT_S = 10.0  # how long a renewal between prepares waits for the controller to sign
 _UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.\-]{0,126}[A-Za-z0-9])?$")
 
 
@@ -75,6 +76,22 @@ def _show(value: str, limit: int = 80) -> str:
     """`value` for an error message: quoted when odd, cut when long (a request may carry anything)."""
     text = value if _UID.match(value) else repr(value)
     return text if len(text) <= limit else f"{text[:limit]}...({len(value)} characters)"
+
+
+@dataclass(frozen=True)
+class DedicatedView:
+    """A dedicated domain as its members read it from its status."""
+
+    slot: int | None
+    members: list[str]
+    tls_target: str
+    """imexAuthentication TLS: the name its certificates carry; "" without authentication."""
+    bundle: str
+    """TLS: the domain authority's certificate(s), status.imexCABundle ("" until the controller set it)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.slot is not None and (not self.tls_target or bool(self.bundle))
 
 
 def claim_name(c: ClaimRef) -> str:
@@ -360,26 +377,27 @@ class ChannelDriver:
             members.append(self.node.address)
         return members
 
-    def _domain(self, domain_id: str, slot: int = 0) -> imex.ImexDomain:
+    def _domain(self, domain_id: str, slot: int = 0, tls_target: str = "") -> imex.ImexDomain:
         domain = self._domains.get(domain_id)
         ports = imex.ports_for_slot(slot)
-        if domain is not None and ports.server != domain.config.SERVER_PORT:
+        if domain is not None and (ports.server, tls_target) != (domain.config.SERVER_PORT, domain.tls_target):
             domain.stop()  # cannot happen while the controller keeps slots; if it did, follow the status
             domain = None
         if domain is None:
-            domain = self._domains[domain_id] = self._new_domain(domain_id, ports)
+            domain = self._domains[domain_id] = self._new_domain(domain_id, ports, tls_target)
         return domain
 
-    def _new_domain(self, domain_id: str, ports: imex.DomainPorts) -> imex.ImexDomain:
+    def _new_domain(self, domain_id: str, ports: imex.DomainPorts, tls_target: str = "") -> imex.ImexDomain:
         if self.imex_keeper is not None:
             return imexkeeper.KeeperDomain(self.imex_keeper, domain_id=domain_id, workdir=self.paths.imex_workdir,
                                            driver_root=self.paths.driver_root, bind_address=self.node.address,
-                                           server_port=ports.server, cmd_port=ports.cmd)
+                                           server_port=ports.server, cmd_port=ports.cmd, tls_target=tls_target)
         return imex.ImexDomain(domain_id=domain_id, workdir=self.paths.imex_workdir, driver_root=self.paths.driver_root,
-                               bind_address=self.node.address, server_port=ports.server, cmd_port=ports.cmd)
+                               bind_address=self.node.address, server_port=ports.server, cmd_port=ports.cmd,
+                               tls_target=tls_target)
 
-    def _dedicated_view(self, namespace: str, name: str, uid: str) -> tuple[int | None, list[str]]:
-        """(port slot, member addresses) of a dedicated domain, from its status."""
+    def _dedicated_view(self, namespace: str, name: str, uid: str) -> DedicatedView:
+        """A dedicated domain as its members need it, from its status (slot, members, authentication)."""
         try:
             obj = self.client.get(kubeapi.path(api.API_VERSION, api.PLURAL, name, namespace=namespace))
         except errors.NotFound as exc:
@@ -388,21 +406,48 @@ class ChannelDriver:
             raise PrepareError(f"ComputeDomain {namespace}/{name} got replaced: its UID is not {uid}")
         status = api.ComputeDomainStatus.model_validate(obj.get("status") or {})
         members = {n.address for n in status.nodes if n.address} | {self.node.address}
-        return status.imex_port_slot, sorted(members)
+        wants = (obj.get("spec") or {}).get("imexAuthentication")
+        tls = status.imex_authentication is api.IMEXAuthentication.TLS or wants == api.IMEXAuthentication.TLS.value
+        return DedicatedView(status.imex_port_slot, sorted(members), names.imex_target(uid) if tls else "",
+                             status.imex_ca_bundle or "" if tls else "")
 
     def _ensure_dedicated_domain(self, namespace: str, name: str, uid: str, domain_id: str, deadline: float) -> None:
         # Our entry first (not ready): the address is how the other members learn of this node.
         self._report(namespace, name, ready=False, message="joining the ComputeDomain's dedicated IMEX domain")
-        slot, members = self._dedicated_view(namespace, name, uid)
+        view = self._dedicated_view(namespace, name, uid)
         waited_until = time.monotonic() + min(SLOT_WAIT_S, deadline - time.monotonic())
-        while slot is None and time.monotonic() < waited_until:
+        while not view.complete and time.monotonic() < waited_until:
             time.sleep(0.25)
-            slot, members = self._dedicated_view(namespace, name, uid)
-        if slot is None:
+            view = self._dedicated_view(namespace, name, uid)
+        if view.slot is None:
             raise PrepareError(f"ComputeDomain {namespace}/{name} has no IMEX port slot yet (status.imexPortSlot, set "
                                "by the nvlfabric controller; is it running?); the kubelet will retry")
-        self._run_until_ready(self._domain(domain_id, slot), members, deadline,
+        if not view.complete:
+            raise PrepareError(f"ComputeDomain {namespace}/{name} wants imexAuthentication TLS, but its status has no "
+                               "IMEX authority yet (status.imexCABundle, set by the nvlfabric controller of release "
+                               "0.2 or later; is it running?); the kubelet will retry")
+        domain = self._domain(domain_id, view.slot, view.tls_target)
+        if view.tls_target:
+            self._credentials(domain, uid, view.bundle, deadline, namespace, name)
+        self._run_until_ready(domain, view.members, deadline,
                               f"dedicated IMEX daemon of ComputeDomain {namespace}/{name}")
+
+    def _credentials(self, domain: imex.ImexDomain, uid: str, bundle: str, deadline: float, namespace: str,
+                     name: str) -> None:
+        """This node's key, certificate and the domain's authority in the domain's tls/ (a new
+        certificate when it has none, or one of another authority, or one due for renewal)."""
+        from nvlfabric.nodeagent import imexauth  # cryptography: only where a TLS domain runs
+
+        files = imexauth.Files.of(domain.dir)
+        try:
+            imexauth.write_bundle(files, bundle)
+            why = imexauth.due(files, bundle)
+            if why is not None:
+                log.info("IMEX domain %s: asking for a certificate (%s)", domain.domain_id, why)
+                imexauth.obtain(self.client, self.node.name, uid, files, deadline=deadline)
+        except (imexauth.CredentialsError, errors.ApiStatusError, OSError, ValueError) as exc:
+            raise PrepareError(f"IMEX credentials of ComputeDomain {namespace}/{name} on node {self.node.name}: "
+                               f"{exc}") from exc
 
     def _release_domain(self, entry: checkpoint.ClaimEntry) -> None:
         """Stop a dedicated domain's daemon once no claim here needs it (the clique's domain stays)."""
@@ -626,11 +671,14 @@ class ChannelDriver:
             try:
                 if domain_id.startswith("cd-"):
                     a = entry.allocation
-                    slot, members = self._dedicated_view(entry.claim.namespace, a.compute_domain_name,
-                                                         a.compute_domain_uid)
-                    if slot is None:
+                    view = self._dedicated_view(entry.claim.namespace, a.compute_domain_name, a.compute_domain_uid)
+                    if not view.complete or view.slot is None:
                         continue
-                    domain = self._domain(domain_id, slot)
+                    domain, members = self._domain(domain_id, view.slot, view.tls_target), view.members
+                    if view.tls_target:  # renewal: new files here, SIGUSR1 in _run below
+                        self._credentials(domain, a.compute_domain_uid, view.bundle,
+                                          time.monotonic() + CREDENTIALS_WAIT_S, entry.claim.namespace,
+                                          a.compute_domain_name)
                 elif dedicated_only:
                     continue
                 else:
@@ -643,6 +691,8 @@ class ChannelDriver:
                 if done == "started":
                     log.warning("IMEX domain %s: daemon was not running (exit status %s); started it", domain_id,
                                 status)
+                elif done == "credentials changed":
+                    log.info("IMEX domain %s: the daemon loaded its new credentials", domain_id)
                 elif done:
                     log.info("IMEX domain %s: members now %s", domain_id, ", ".join(domain.members))
             except (errors.ApiStatusError, OSError, ValueError, imex.ImexError, PrepareError) as exc:

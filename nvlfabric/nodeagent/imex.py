@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import ipaddress
 import itertools
 import os
@@ -85,6 +86,24 @@ MAX_DOMAIN_SLOTS = 100
 
 _DOMAIN_ID = re.compile(r"^[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,252})$")
+
+
+TLS_KEY = "tls/node.key"
+TLS_CERT = "tls/node.crt"
+TLS_CA = "tls/ca.crt"
+"""A TLS domain's credentials, relative to its directory (written by the agent, nodeagent/imexauth.py)."""
+
+
+def tls_fingerprint(domain_dir: Path) -> str:
+    """A hash of a TLS domain's three credential files ("" while one is missing): what a daemon
+    that loaded them runs with, so a change means "SIGUSR1 to load the new ones"."""
+    h = hashlib.sha256()
+    try:
+        for rel in (TLS_KEY, TLS_CERT, TLS_CA):
+            h.update((domain_dir / rel).read_bytes())
+    except FileNotFoundError:
+        return ""
+    return h.hexdigest()[:16]
 
 
 def is_domain_id(value: str) -> bool:
@@ -144,11 +163,26 @@ class ImexConfig:
     IMEX_CMD_PORT: int = DEFAULT_CMD_PORT
     IMEX_NODE_DISCONNECTED_GRACE_TIME: int = -1
     """Seconds a lost peer stays RECOVERING before its imports are cleaned up; -1 = wait forever."""
+    IMEX_AUTH_ENCRYPTION_MODE: str = "SSL_TLS"
+    IMEX_AUTH_SOURCE: str = "FILE"
+    IMEX_SERVER_KEY: str = ""
+    IMEX_SERVER_CERT: str = ""
+    IMEX_SERVER_CERT_AUTH: str = ""
+    IMEX_CLIENT_KEY: str = ""
+    IMEX_CLIENT_CERT: str = ""
+    IMEX_CLIENT_CERT_AUTH: str = ""
+    IMEX_SECURITY_TARGET_OVERRIDE: str = ""
+    """The TLS keys: written only with IMEX_ENABLE_AUTH_ENCRYPTION=1, so the config of a domain
+    without authentication is byte for byte what earlier releases wrote (a changed config restarts
+    the daemon)."""
 
     #: The order the keys are written in (the daemon reads them in any order).
     ORDER = ("LOG_LEVEL", "LOG_FILE_NAME", "LOG_APPEND_TO_LOG", "DAEMONIZE", "BIND_INTERFACE_IP", "SERVER_PORT",
              "IMEX_NODE_CONFIG_FILE", "IMEX_WAIT_FOR_QUORUM", "IMEX_ENABLE_AUTH_ENCRYPTION", "IMEX_CMD_ENABLED",
              "IMEX_CMD_BIND_INTERFACE_IP", "IMEX_CMD_PORT", "IMEX_NODE_DISCONNECTED_GRACE_TIME")
+    AUTH_ORDER = ("IMEX_AUTH_ENCRYPTION_MODE", "IMEX_AUTH_SOURCE", "IMEX_SERVER_KEY", "IMEX_SERVER_CERT",
+                  "IMEX_SERVER_CERT_AUTH", "IMEX_CLIENT_KEY", "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH",
+                  "IMEX_SECURITY_TARGET_OVERRIDE")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -167,6 +201,10 @@ class ImexConfig:
                 raise ValueError(f"{f.name}: {value!r} is not a string")
         if not self.IMEX_NODE_CONFIG_FILE:
             raise ValueError("IMEX_NODE_CONFIG_FILE: must not be empty")
+        if self.IMEX_ENABLE_AUTH_ENCRYPTION:
+            for key in self.AUTH_ORDER:
+                if not getattr(self, key):
+                    raise ValueError(f"{key}: must be set with IMEX_ENABLE_AUTH_ENCRYPTION=1")
 
     @classmethod
     def parse(cls, text: str) -> ImexConfig:
@@ -176,7 +214,7 @@ class ImexConfig:
         for line in text.splitlines():
             key, sep, value = line.partition("=")
             key = key.strip()
-            if sep and not line.startswith("#") and key in cls.ORDER:
+            if sep and not line.startswith("#") and (key in cls.ORDER or key in cls.AUTH_ORDER):
                 # The file has no types: the numeric keys are those with limits.
                 try:
                     values[key] = int(value) if key in _LIMITS else value.strip()
@@ -189,7 +227,7 @@ class ImexConfig:
 
     def render(self, *, header: str = "") -> str:
         lines = [f"# {line}".rstrip() for line in header.splitlines()]
-        for key in self.ORDER:
+        for key in self.ORDER + (self.AUTH_ORDER if self.IMEX_ENABLE_AUTH_ENCRYPTION else ()):
             value = getattr(self, key)
             if "\n" in str(value) or "\r" in str(value):
                 raise ValueError(f"{key}: value must be a single line")
@@ -379,7 +417,9 @@ def adopt_all(workdir: str | os.PathLike[str], driver_root: str | os.PathLike[st
                                     bind_address=cfg.BIND_INTERFACE_IP, server_port=cfg.SERVER_PORT,
                                     cmd_port=cfg.IMEX_CMD_PORT, log_level=cfg.LOG_LEVEL,
                                     grace_time=cfg.IMEX_NODE_DISCONNECTED_GRACE_TIME,
-                                    wait_for_quorum=cfg.IMEX_WAIT_FOR_QUORUM, stop_timeout=stop_timeout)
+                                    wait_for_quorum=cfg.IMEX_WAIT_FOR_QUORUM, stop_timeout=stop_timeout,
+                                    tls_target=cfg.IMEX_SECURITY_TARGET_OVERRIDE
+                                    if cfg.IMEX_ENABLE_AUTH_ENCRYPTION else "")
                 domain._adopt(pids[0], members)
             except (OSError, ValueError):
                 domain = None
@@ -412,6 +452,7 @@ class ImexDomain:
         ctl_timeout: float = 5.0,
         stop_timeout: float = 5.0,
         env: Mapping[str, str] | None = None,
+        tls_target: str = "",
     ) -> None:
         if not _DOMAIN_ID.match(domain_id):
             raise ValueError(f"IMEX domain id {domain_id!r} must be a DNS label-like name (a-z, 0-9, '-', '.')")
@@ -428,12 +469,22 @@ class ImexDomain:
         root = Path(driver_root)
         self.imex_binary = Path(imex_binary) if imex_binary else root / "usr" / "bin" / "nvidia-imex"
         self.ctl_binary = Path(ctl_binary) if ctl_binary else root / "usr" / "bin" / "nvidia-imex-ctl"
+        # With a TLS target the daemon authenticates its peers: its key and certificate serve both
+        # sides of a link, and it trusts the domain's authority only.
+        tls = {"IMEX_ENABLE_AUTH_ENCRYPTION": 1, "IMEX_SECURITY_TARGET_OVERRIDE": tls_target,
+               "IMEX_SERVER_KEY": str(self.dir / TLS_KEY), "IMEX_SERVER_CERT": str(self.dir / TLS_CERT),
+               "IMEX_SERVER_CERT_AUTH": str(self.dir / TLS_CA), "IMEX_CLIENT_KEY": str(self.dir / TLS_KEY),
+               "IMEX_CLIENT_CERT": str(self.dir / TLS_CERT), "IMEX_CLIENT_CERT_AUTH": str(self.dir / TLS_CA),
+               } if tls_target else {}
         self.config = ImexConfig(
             LOG_LEVEL=log_level, BIND_INTERFACE_IP=bind_address, SERVER_PORT=server_port,
             IMEX_NODE_CONFIG_FILE=str(self.nodes_path), IMEX_WAIT_FOR_QUORUM=wait_for_quorum,
             IMEX_CMD_BIND_INTERFACE_IP=bind_address, IMEX_CMD_PORT=cmd_port,
-            IMEX_NODE_DISCONNECTED_GRACE_TIME=grace_time,
+            IMEX_NODE_DISCONNECTED_GRACE_TIME=grace_time, **tls,  # type: ignore[arg-type]
         )
+        self.tls_target = tls_target
+        self._tls_loaded = ""
+        """The credential files' fingerprint when the daemon last loaded them (start or SIGUSR1)."""
         self.ctl_timeout = ctl_timeout
         self.stop_timeout = stop_timeout
         self.env = dict(env or {})
@@ -458,6 +509,7 @@ class ImexDomain:
 
     def _adopt(self, pid: int, members: list[str]) -> None:
         self._proc, self._adopted, self._members = None, pid, members
+        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else ""
         _atomic_write(self.pid_path, f"{pid}\n")
 
     def _running(self) -> bool:
@@ -507,7 +559,21 @@ class ImexDomain:
         if not self._running():
             self.ensure_running(members)
             return "started"
-        return "members changed" if self.update_members(members) else None
+        if self.update_members(members):
+            return "members changed"
+        return "credentials changed" if self.reload_credentials() else None
+
+    def reload_credentials(self) -> bool:
+        """SIGUSR1 a running TLS daemon whose credential files changed since it loaded them: it
+        takes them for new links and keeps its established ones (renewal under running pods)."""
+        if not self.tls_target or not self._running():
+            return False
+        now = tls_fingerprint(self.dir)
+        if not now or now == self._tls_loaded:
+            return False
+        self._signal(signal.SIGUSR1)
+        self._tls_loaded = now
+        return True
 
     def update_members(self, members: Sequence[str]) -> bool:
         """Rewrite the nodes file atomically and, if it changed and the daemon runs, send SIGUSR1.
@@ -536,6 +602,7 @@ class ImexDomain:
         _check_port_free(self.bind_address, self.config.IMEX_CMD_PORT, "IMEX command port (IMEX_CMD_PORT)")
         if self.log_path.exists():
             os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else ""
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 [str(self.imex_binary), "-c", str(self.config_path)],

@@ -60,6 +60,10 @@ class Ensure:
     cmd_port: int
     members: list[str]
     op: Literal["ensure"] = "ensure"
+    tls_target: str = ""
+    """A TLS domain's IMEX_SECURITY_TARGET_OVERRIDE (its credentials are the files under its tls/);
+    left out of the message when empty, so a keeper of an earlier release (update strategy
+    OnDelete: it outlives agent upgrades) still reads every other Ensure."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,10 @@ def decode_request(line: bytes) -> Ensure | Stop | Status:
 
 
 def encode(message: Any) -> bytes:
-    return json.dumps(dataclasses.asdict(message), separators=(",", ":")).encode() + b"\n"
+    raw = dataclasses.asdict(message)
+    if isinstance(message, Ensure) and not message.tls_target:
+        del raw["tls_target"]
+    return json.dumps(raw, separators=(",", ":")).encode() + b"\n"
 
 
 # -- the keeper ---------------------------------------------------------------------------------
@@ -177,15 +184,16 @@ class Keeper:
 
     def _ensure(self, req: Ensure) -> str | None:
         d = self.domains.get(req.domain)
-        if d is not None and (d.config.SERVER_PORT, d.config.IMEX_CMD_PORT, d.bind_address) != (
-                req.server_port, req.cmd_port, req.bind_address):
-            log.info("IMEX domain %s: ports or address changed, restarting it", req.domain)
+        if d is not None and (d.config.SERVER_PORT, d.config.IMEX_CMD_PORT, d.bind_address, d.tls_target) != (
+                req.server_port, req.cmd_port, req.bind_address, req.tls_target):
+            log.info("IMEX domain %s: ports, address or authentication changed, restarting it", req.domain)
             d.stop()
             d = None
         new = d is None
         if d is None:
             d = imex.ImexDomain(domain_id=req.domain, workdir=self.workdir, driver_root=self.driver_root,
-                                bind_address=req.bind_address, server_port=req.server_port, cmd_port=req.cmd_port)
+                                bind_address=req.bind_address, server_port=req.server_port, cmd_port=req.cmd_port,
+                                tls_target=req.tls_target)
         before = d.poll()
         try:
             done = d.run(req.members)
@@ -199,6 +207,8 @@ class Keeper:
         if done == "started":
             log.info("IMEX domain %s: started the daemon (pid %s%s), members %s", req.domain, d.pid,
                      f", the last one exited with {before}" if before is not None else "", ", ".join(d.members))
+        elif done == "credentials changed":
+            log.info("IMEX domain %s: new credentials (SIGUSR1 to pid %s)", req.domain, d.pid)
         elif done:
             log.info("IMEX domain %s: members now %s (SIGUSR1 to pid %s)", req.domain, ", ".join(d.members), d.pid)
         return done
@@ -320,9 +330,9 @@ class KeeperDomain(imex.ImexDomain):
     daemon run by the keeper."""
 
     def __init__(self, keeper_socket: Path, *, domain_id: str, workdir: Path, driver_root: Path,
-                 bind_address: str, server_port: int, cmd_port: int) -> None:
+                 bind_address: str, server_port: int, cmd_port: int, tls_target: str = "") -> None:
         super().__init__(domain_id=domain_id, workdir=workdir, driver_root=driver_root, bind_address=bind_address,
-                         server_port=server_port, cmd_port=cmd_port)
+                         server_port=server_port, cmd_port=cmd_port, tls_target=tls_target)
         self.keeper_socket = keeper_socket
         self._state: DomainState | None = None
 
@@ -355,7 +365,8 @@ class KeeperDomain(imex.ImexDomain):
         ordered = self._canonical(members)
         reply = call(self.keeper_socket, Ensure(domain=self.domain_id, bind_address=self.bind_address,
                                                 server_port=self.config.SERVER_PORT,
-                                                cmd_port=self.config.IMEX_CMD_PORT, members=ordered))
+                                                cmd_port=self.config.IMEX_CMD_PORT, members=ordered,
+                                                tls_target=self.tls_target))
         self._refresh()
         return reply.done
 

@@ -329,3 +329,23 @@ def test_bad_domain_settings_are_refused(tmp_path: Path, kwargs: dict[str, Any],
                             **kwargs}
     with pytest.raises(ValueError, match=match):
         ImexDomain(**args)
+
+
+def test_a_domain_without_authentication_writes_the_config_earlier_releases_wrote(tmp_path: Path) -> None:
+    """A changed config restarts a running daemon, so the TLS keys appear only where TLS is on."""
+    plain = imex.ImexDomain(domain_id="clique-x", workdir=tmp_path, driver_root=tmp_path, bind_address="10.0.0.1")
+    text = plain.config.render()
+    assert "IMEX_AUTH_" not in text and "IMEX_SERVER" not in text and "TARGET" not in text
+    assert [line.partition("=")[0] for line in text.splitlines()] == list(imex.ImexConfig.ORDER)
+    tls = imex.ImexDomain(domain_id="cd-u", workdir=tmp_path, driver_root=tmp_path, bind_address="10.0.0.1",
+                          tls_target="u.imex.nvlfabric.io")
+    rendered = tls.config.render()
+    for line in ("IMEX_ENABLE_AUTH_ENCRYPTION=1", "IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS", "IMEX_AUTH_SOURCE=FILE",
+                 f"IMEX_SERVER_KEY={tmp_path}/cd-u/tls/node.key", f"IMEX_CLIENT_CERT={tmp_path}/cd-u/tls/node.crt",
+                 f"IMEX_SERVER_CERT_AUTH={tmp_path}/cd-u/tls/ca.crt",
+                 "IMEX_SECURITY_TARGET_OVERRIDE=u.imex.nvlfabric.io"):
+        assert line in rendered.splitlines(), line
+    assert imex.ImexConfig.parse(rendered) == tls.config
+    with pytest.raises(ValueError, match="IMEX_SERVER_KEY: must be set with IMEX_ENABLE_AUTH_ENCRYPTION=1"):
+        imex.ImexConfig(BIND_INTERFACE_IP="10.0.0.1", IMEX_NODE_CONFIG_FILE="n", IMEX_CMD_BIND_INTERFACE_IP="10.0.0.1",
+                        IMEX_ENABLE_AUTH_ENCRYPTION=1)

@@ -177,3 +177,14 @@ def test_messages_round_trip() -> None:
     assert imexkeeper._decode(imexkeeper.Reply, json.loads(imexkeeper.encode(reply))) == reply
     ensure = Ensure(domain="a", bind_address="10.0.0.1", server_port=1, cmd_port=2, members=["10.0.0.1"])
     assert imexkeeper.decode_request(imexkeeper.encode(ensure)) == ensure
+
+
+def test_an_ensure_without_tls_is_what_a_keeper_of_the_previous_release_reads() -> None:
+    """The keeper DaemonSet is OnDelete: after an upgrade the old keepers serve the new agents, and
+    they refuse unknown fields. Only a TLS domain's Ensure carries the new one."""
+    plain = Ensure(domain="a", bind_address="10.0.0.1", server_port=1, cmd_port=2, members=["10.0.0.1"])
+    assert "tls_target" not in json.loads(imexkeeper.encode(plain))
+    tls = Ensure(domain="a", bind_address="10.0.0.1", server_port=1, cmd_port=2, members=["10.0.0.1"],
+                 tls_target="u.imex.nvlfabric.io")
+    assert json.loads(imexkeeper.encode(tls))["tls_target"] == "u.imex.nvlfabric.io"
+    assert imexkeeper.decode_request(imexkeeper.encode(tls)) == tls

@@ -388,6 +388,9 @@ INVALID = [
     pytest.param({"channelClaim": {"name": "Bad_Name"}}, "spec.channelClaim.name", "should match", id="claim"),
     pytest.param({"channelClaim": {}}, "spec.channelClaim.name", "Required value", id="claim-no-name"),
     pytest.param({"channelAllocationMode": "All"}, "spec", cdapi.ALL_NEEDS_DEDICATED_MESSAGE, id="all-shared"),
+    pytest.param({"imexAuthentication": "TLS"}, "spec", cdapi.TLS_NEEDS_DEDICATED_MESSAGE, id="tls-shared"),
+    pytest.param({"imexMode": "Dedicated", "imexAuthentication": "Kerberos"}, "spec.imexAuthentication",
+                 "Unsupported value", id="tls-kind"),
 ]
 
 
@@ -424,6 +427,7 @@ def test_immutable_fields(api: Cluster, names: list[str]) -> None:
         ("placement", {"placement": {"clique": "9f410827-489f-46fd-8203-51266ca08eb7.32766"}}),
         ("channelClaim", {"channelClaim": {"name": "claim-b"}}),
         ("channelClaim", {"channelClaim": None}),
+        ("imexAuthentication", {"imexAuthentication": "TLS"}),
     ]
     for field, change in changes:
         with pytest.raises(ApiError) as exc:

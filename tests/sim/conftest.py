@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nvlfabric.sim.nvml.topology import Topology, build_topology
+from tests.sim.imex_fixtures import build_imex
 from tests.sim.nvml_helpers import Probe, build_library, running_probe
 
 
@@ -17,6 +19,14 @@ from tests.sim.nvml_helpers import Probe, build_library, running_probe
 def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Builds libnvidia-ml.so.1 once per session with `make -C nvlfabric/sim/nvml OUT=<tmp>`."""
     return build_library(tmp_path_factory.mktemp("nvml-lib"))
+
+
+@pytest.fixture(scope="session")
+def imex_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The IMEX stand-ins, built once per session; NVLFABRIC_IMEX_ASAN=1: the ASan/UBSan build instead."""
+    plain = build_imex(tmp_path_factory.mktemp("imex-bin"))
+    return build_imex(tmp_path_factory.mktemp("imex-asan"), asan=True) if os.environ.get(
+        "NVLFABRIC_IMEX_ASAN") == "1" else plain
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,102 @@ def all_connected(view: dict[str, Any], n: int) -> bool:
 def link_is(src: int, dst: int, status: str) -> Callable[[dict[str, Any]], bool]:
     """A predicate for `wait_view`: node `src` reports `status` for its link to `dst`."""
     return lambda view: conn_status(view, src, dst) == status
+
+
+# ------------------------------------------------------------------------------------------------
+# TLS material for IMEX_ENABLE_AUTH_ENCRYPTION=1 (tests/sim/test_imex_tls.py)
+
+@dataclass
+class TlsIdentity:
+    """A PEM key and certificate on disk, issued by a `TlsAuthority`."""
+
+    key: Path
+    cert: Path
+
+
+class TlsAuthority:
+    """A throw-away CA (EC P-256) in `workdir`: `ca_file` is its PEM certificate (a one-CA bundle)."""
+
+    def __init__(self, workdir: Path, name: str) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = _utcnow()
+        self.certificate = (
+            x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _hours(1)).not_valid_after(now + _hours(24))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256()))
+        self.ca_file = self.dir / f"{name}-ca.pem"
+        self.ca_file.write_bytes(self.certificate.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, name: str, *, dns: Iterable[str] = (), key_path: Path | None = None,
+              cert_path: Path | None = None, days: float = 1.0) -> TlsIdentity:
+        """A leaf for both TLS roles (serverAuth + clientAuth), CN=`name`, SAN = `dns`; files are
+        replaced atomically, so a running daemon never reads half of one."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _utcnow()
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(self.certificate.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _hours(1)).not_valid_after(now + _hours(24 * days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                           critical=False))
+        names = [x509.DNSName(d) for d in dns]
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
+        ident = TlsIdentity(key_path or self.dir / f"{name}.key", cert_path or self.dir / f"{name}.pem")
+        _write_atomic(ident.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        _write_atomic(ident.cert, cert.public_bytes(serialization.Encoding.PEM))
+        return ident
+
+
+def tls_settings(ident: TlsIdentity, ca_bundle: Path, *, target: str = "") -> dict[str, Any]:
+    """Config overrides for `ImexCluster.add`: mutual TLS with one identity for both roles."""
+    return {"IMEX_ENABLE_AUTH_ENCRYPTION": 1, "IMEX_AUTH_ENCRYPTION_MODE": "SSL_TLS", "IMEX_AUTH_SOURCE": "FILE",
+            "IMEX_SERVER_KEY": str(ident.key), "IMEX_SERVER_CERT": str(ident.cert),
+            "IMEX_SERVER_CERT_AUTH": str(ca_bundle), "IMEX_CLIENT_KEY": str(ident.key),
+            "IMEX_CLIENT_CERT": str(ident.cert), "IMEX_CLIENT_CERT_AUTH": str(ca_bundle),
+            "IMEX_SECURITY_TARGET_OVERRIDE": target}
+
+
+def _utcnow() -> Any:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _hours(n: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(hours=n)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

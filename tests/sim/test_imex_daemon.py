@@ -18,20 +18,12 @@ from nvlfabric.sim.imex.config import ImexConfig, write_config
 from tests.sim.imex_fixtures import (
     ImexCluster,
     all_connected,
-    build_imex,
     conn_status,
     link_is,
     wait_until,
 )
 
 ASAN = os.environ.get("NVLFABRIC_IMEX_ASAN") == "1"
-
-
-@pytest.fixture(scope="session")
-def imex_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stand-ins; NVLFABRIC_IMEX_ASAN=1 runs this module against the ASan/UBSan build instead."""
-    plain = build_imex(tmp_path_factory.mktemp("imex-bin"))
-    return build_imex(tmp_path_factory.mktemp("imex-asan"), asan=True) if ASAN else plain
 
 
 @pytest.fixture
@@ -291,7 +283,7 @@ def test_port_flag_overrides_server_port(cluster: ImexCluster, imex_bin: Path) -
         ("IMEX_CMD_BIND_INTERFACE_IP=fe80::1", "IMEX_CMD_BIND_INTERFACE_IP"),
         ("IMEX_WAIT_FOR_QUORUM=SOMETIMES", "IMEX_WAIT_FOR_QUORUM"),
         ("IMEX_NODE_DISCONNECTED_GRACE_TIME=-2", "IMEX_NODE_DISCONNECTED_GRACE_TIME"),
-        ("IMEX_ENABLE_AUTH_ENCRYPTION=1", "IMEX_ENABLE_AUTH_ENCRYPTION"),
+        ("IMEX_ENABLE_AUTH_ENCRYPTION=2", "IMEX_ENABLE_AUTH_ENCRYPTION"),
         ("THIS LINE HAS NO EQUALS SIGN", "THIS LINE HAS NO EQUALS SIGN"),
         ("BAD KEY=1", "BAD KEY"),
     ],

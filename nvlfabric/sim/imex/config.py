@@ -4,8 +4,10 @@ The field names are the real IMEX keys, spelled exactly as NVIDIA's daemon reads
 defaults are the IMEX defaults (NVIDIA's IMEX guide, "Service Config Options"; see
 `/work/shared/reference/nvml-imex-gb200.md` section 6.2). `render()` writes the real file format
 (`KEY=VALUE` lines, `#` comments), so the same model serves the real `nvidia-imex` and the
-simulator's stand-in (`nvlfabric/sim/imex/`). The stand-in additionally refuses `IMEX_ENABLE_AUTH_ENCRYPTION=1`
-and IPv6 addresses, which it does not implement.
+simulator's stand-in (`nvlfabric/sim/imex/`). With `IMEX_ENABLE_AUTH_ENCRYPTION=1` and the `SSL_TLS` mode the
+model requires the six TLS credential keys (as both daemons do); the stand-in implements that mode as mutual TLS
+with `IMEX_AUTH_SOURCE` `FILE` or `ENV_PATH` and additionally refuses the GSS modes, `ENV_VAL` and IPv6
+addresses, which it does not implement (it also checks the credential files at start; the model cannot).
 
 Both files are written atomically (temporary file + rename): a running daemon re-reads the nodes file
 on SIGUSR1 and must never see half a file.
@@ -22,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -43,6 +45,16 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
 _KEY = re.compile(r"[A-Za-z0-9_]+")
 _INT = re.compile(r"[+-]?[0-9]+")
 _CHOICE_KEYS = frozenset({"IMEX_WAIT_FOR_QUORUM", "IMEX_AUTH_ENCRYPTION_MODE", "IMEX_AUTH_SOURCE"})
+# Required with IMEX_ENABLE_AUTH_ENCRYPTION=1 and SSL_TLS, checked in this order (the daemon's order too).
+TLS_CREDENTIAL_KEYS = (
+    "IMEX_SERVER_KEY",
+    "IMEX_SERVER_CERT",
+    "IMEX_SERVER_CERT_AUTH",
+    "IMEX_CLIENT_KEY",
+    "IMEX_CLIENT_CERT",
+    "IMEX_CLIENT_CERT_AUTH",
+)
+_SINGLE_KEY = "nvlfabric-single-key"  # validation context of parse()'s per-line check
 
 
 class WaitForQuorum(StrEnum):
@@ -134,6 +146,19 @@ class ImexConfig(BaseModel):
     IMEX_CMD_UNIX_DOMAIN_PATH: Annotated[Text, Field(max_length=107)] = ""
     IMEX_NODE_DISCONNECTED_GRACE_TIME: SecondsOrForever = -1
 
+    @model_validator(mode="after")
+    def _tls_credentials_complete(self, info: ValidationInfo) -> Self:
+        """SSL_TLS needs all six credential keys; the message starts with the first missing key."""
+        if info.context == _SINGLE_KEY:  # parse() checks one line at a time; the whole file is checked last
+            return self
+        if self.IMEX_ENABLE_AUTH_ENCRYPTION == 1 and self.IMEX_AUTH_ENCRYPTION_MODE == "SSL_TLS":
+            for key in TLS_CREDENTIAL_KEYS:
+                if not getattr(self, key):
+                    raise ValueError(
+                        f"{key}: required when IMEX_ENABLE_AUTH_ENCRYPTION=1 with IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS"
+                    )
+        return self
+
     @classmethod
     def for_child_process(
         cls,
@@ -180,6 +205,7 @@ class ImexConfig(BaseModel):
     def parse(cls, text: str) -> Self:
         """Reads the file format back; unknown keys are ignored, the last of a repeated key wins."""
         values: dict[str, object] = {}
+        auth_line = 0  # like the daemon, a missing TLS key is reported at the line that enabled auth
         for number, raw in enumerate(text.split("\n"), start=1):
             if "\0" in raw:
                 raise ConfigSyntaxError(number, None, "malformed line: contains a NUL byte")
@@ -206,11 +232,18 @@ class ImexConfig(BaseModel):
                     raise ConfigSyntaxError(number, key, f"invalid value {value!r}: expected an integer")
                 typed = int(value)
             try:  # every occurrence is checked, like the daemon does; the last one wins
-                cls.model_validate({key: typed})
+                cls.model_validate({key: typed}, context=_SINGLE_KEY)
             except ValidationError as exc:
                 raise ConfigSyntaxError(number, key, f"invalid value {value!r}: {exc.errors()[0]['msg']}") from None
             values[key] = typed
-        return cls.model_validate(values)
+            if key == "IMEX_ENABLE_AUTH_ENCRYPTION":
+                auth_line = number
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:  # only the cross-key check is left at this point
+            message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            missing, _, why = message.partition(": ")
+            raise ConfigSyntaxError(auth_line, missing, why) from None
 
 
 def validate_node_entry(entry: str) -> str:

@@ -248,6 +248,11 @@ static const char *next_line(struct line_iter *it, size_t *out_len, bool *has_nu
 /* ------------------------------------------------------------------------------------------------ */
 /* Config file                                                                                     */
 
+const char *const imex_tls_key_names[TLS_NKEYS] = {
+    "IMEX_SERVER_KEY", "IMEX_SERVER_CERT", "IMEX_SERVER_CERT_AUTH", "IMEX_CLIENT_KEY",
+    "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH", "IMEX_SECURITY_TARGET_OVERRIDE",
+};
+
 void imex_config_defaults(struct imex_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -262,6 +267,8 @@ void imex_config_defaults(struct imex_config *cfg)
     cfg->cmd_port = 50005;
     cfg->cmd_unix_path = strdup("");
     cfg->grace_time = -1;
+    cfg->auth_mode = AUTH_SSL_TLS;
+    cfg->auth_source = AUTH_SOURCE_UNSET;
 }
 
 void imex_config_free(struct imex_config *cfg)
@@ -270,6 +277,41 @@ void imex_config_free(struct imex_config *cfg)
     free(cfg->node_config_file);
     free(cfg->cmd_unix_path);
     cfg->log_file_name = cfg->node_config_file = cfg->cmd_unix_path = NULL;
+    for (int k = 0; k < TLS_NKEYS; k++) {
+        free(cfg->tls[k]);
+        cfg->tls[k] = NULL;
+    }
+}
+
+int imex_config_check_auth(const char *name, const struct imex_config *cfg, char *err, size_t errlen)
+{
+    static const char *const modes[] = {"SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY"};
+    if (!cfg->auth_enabled)
+        return 0;
+    if (cfg->auth_mode != AUTH_SSL_TLS) {
+        seterr(err, errlen,
+               "%s:%d: IMEX_AUTH_ENCRYPTION_MODE: %s is not supported by the stand-in (Kerberos/GSSAPI is not "
+               "implemented by the IMEX stand-in; use SSL_TLS)",
+               name, cfg->auth_mode_line, modes[cfg->auth_mode]);
+        return -1;
+    }
+    /* Missing keys before the source check: config.py's model checks in the same order, so both
+     * name the same line for the same file. */
+    for (int k = 0; k < TLS_TARGET_OVERRIDE; k++)
+        if (!cfg->tls[k] || !cfg->tls[k][0]) {
+            seterr(err, errlen,
+                   "%s:%d: %s: required when IMEX_ENABLE_AUTH_ENCRYPTION=1 with IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS",
+                   name, cfg->auth_line, imex_tls_key_names[k]);
+            return -1;
+        }
+    if (cfg->auth_source == AUTH_SOURCE_ENV_VAL) {
+        seterr(err, errlen,
+               "%s:%d: IMEX_AUTH_SOURCE: ENV_VAL (PEM text in environment variables) is not implemented by the "
+               "IMEX stand-in; use FILE or ENV_PATH",
+               name, cfg->auth_source_line);
+        return -1;
+    }
+    return 0;
 }
 
 /* Each checker returns 0, or -1 with a description of what was expected in `why`. */
@@ -335,13 +377,11 @@ static int set_string(char **slot, const char *v)
 }
 
 static const char *const ignored_strings[] = {
-    "STATS_FILE_NAME",      "NETWORK_INTERFACE",     "IMEX_SERVER_KEY",        "IMEX_SERVER_CERT",
-    "IMEX_SERVER_CERT_AUTH", "IMEX_CLIENT_KEY",      "IMEX_CLIENT_CERT",       "IMEX_CLIENT_CERT_AUTH",
-    "IMEX_SECURITY_TARGET_OVERRIDE", "IMEX_GSS_SERVICE_NAME", NULL,
+    "STATS_FILE_NAME", "NETWORK_INTERFACE", "IMEX_GSS_SERVICE_NAME", NULL,
 };
 
 /* 0 ok, 1 unknown key (ignored), -1 bad value (why filled). */
-static int apply_key(struct imex_config *cfg, const char *k, const char *v, char *why, size_t wl)
+static int apply_key(struct imex_config *cfg, const char *k, const char *v, int lineno, char *why, size_t wl)
 {
     static const char *const quorum[] = {"NONE", "RECOVERY", NULL};
     static const char *const auth_modes[] = {"SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY", NULL};
@@ -373,19 +413,35 @@ static int apply_key(struct imex_config *cfg, const char *k, const char *v, char
     if (!strcmp(k, "IMEX_WAIT_FOR_QUORUM"))
         return parse_choice(v, quorum, &cfg->wait_for_quorum, why, wl);
     if (!strcmp(k, "IMEX_ENABLE_AUTH_ENCRYPTION")) {
-        int on = 0;
-        if (parse_int(v, 0, 1, &on, why, wl))
+        if (parse_int(v, 0, 1, &cfg->auth_enabled, why, wl))
             return -1;
-        if (on) {
-            seterr(why, wl, "authentication/encryption is not implemented by the IMEX stand-in (only 0 is supported)");
-            return -1;
-        }
+        if (*v)
+            cfg->auth_line = lineno;
         return 0;
     }
-    if (!strcmp(k, "IMEX_AUTH_ENCRYPTION_MODE"))
-        return parse_choice(v, auth_modes, NULL, why, wl);
-    if (!strcmp(k, "IMEX_AUTH_SOURCE"))
-        return parse_choice(v, auth_sources, NULL, why, wl);
+    if (!strcmp(k, "IMEX_AUTH_ENCRYPTION_MODE")) {
+        if (parse_choice(v, auth_modes, &cfg->auth_mode, why, wl))
+            return -1;
+        if (*v)
+            cfg->auth_mode_line = lineno;
+        return 0;
+    }
+    if (!strcmp(k, "IMEX_AUTH_SOURCE")) {
+        if (parse_choice(v, auth_sources, &cfg->auth_source, why, wl))
+            return -1;
+        if (*v)
+            cfg->auth_source_line = lineno;
+        return 0;
+    }
+    for (int t = 0; t < TLS_NKEYS; t++)
+        if (!strcmp(k, imex_tls_key_names[t])) {
+            if (set_string(&cfg->tls[t], v)) {
+                seterr(why, wl, "out of memory");
+                return -1;
+            }
+            cfg->tls_line[t] = lineno;
+            return 0;
+        }
     if (!strcmp(k, "IMEX_GSS_TIMEOUT_SEC") || !strcmp(k, "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC"))
         return parse_int(v, -1, 1000000000L, NULL, why, wl);
     if (!strcmp(k, "IMEX_GSS_RETRY_INTERVAL_SEC"))
@@ -480,7 +536,7 @@ int imex_config_parse(const char *name, const char *text, size_t len, struct ime
         memcpy(value, vs, vl);
         value[vl] = '\0';
         why[0] = '\0';
-        int rc = apply_key(cfg, key, value, why, sizeof why);
+        int rc = apply_key(cfg, key, value, it.lineno, why, sizeof why);
         if (rc < 0) {
             imex_escape(esc, sizeof esc, value, vl);
             seterr(err, errlen, "%s:%d: %s: invalid value '%s': %s", name, it.lineno, key, esc, why);

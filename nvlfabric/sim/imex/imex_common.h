@@ -55,6 +55,24 @@ int imex_conn_from_wire(char c);            /* -1 when unknown */
 
 enum imex_quorum { QUORUM_NONE = 0, QUORUM_RECOVERY = 1 };
 
+/* IMEX_AUTH_ENCRYPTION_MODE and IMEX_AUTH_SOURCE, in the order the config file spells them. */
+enum imex_auth_mode { AUTH_SSL_TLS = 0, AUTH_GSS_AUTH_ENCRYPT = 1, AUTH_GSS_AUTH_ONLY = 2 };
+enum imex_auth_source { AUTH_SOURCE_UNSET = -1, AUTH_SOURCE_FILE = 0, AUTH_SOURCE_ENV_PATH = 1,
+                        AUTH_SOURCE_ENV_VAL = 2 };
+
+/* The TLS material keys (IMEX_AUTH_SOURCE applies to all but the target override). */
+enum imex_tls_key {
+    TLS_SERVER_KEY = 0,
+    TLS_SERVER_CERT,
+    TLS_SERVER_CERT_AUTH,
+    TLS_CLIENT_KEY,
+    TLS_CLIENT_CERT,
+    TLS_CLIENT_CERT_AUTH,
+    TLS_TARGET_OVERRIDE,
+    TLS_NKEYS
+};
+extern const char *const imex_tls_key_names[TLS_NKEYS]; /* "IMEX_SERVER_KEY", ... */
+
 struct imex_config {
     int log_level;             /* LOG_LEVEL 0..5 */
     char *log_file_name;       /* LOG_FILE_NAME, "" = stderr */
@@ -69,6 +87,14 @@ struct imex_config {
     int cmd_port;              /* IMEX_CMD_PORT */
     char *cmd_unix_path;       /* IMEX_CMD_UNIX_DOMAIN_PATH, "" = none */
     int grace_time;            /* IMEX_NODE_DISCONNECTED_GRACE_TIME, -1 = never clean up */
+    int auth_enabled;          /* IMEX_ENABLE_AUTH_ENCRYPTION */
+    int auth_mode;             /* IMEX_AUTH_ENCRYPTION_MODE, enum imex_auth_mode */
+    int auth_source;           /* IMEX_AUTH_SOURCE, enum imex_auth_source */
+    char *tls[TLS_NKEYS];      /* the TLS keys' values as written, NULL = not set */
+    /* Line of the last non-empty occurrence of a key (0 = never set), so that errors found after
+     * parsing (a missing TLS key, an unreadable credential file) name a line like parse errors do. */
+    int auth_line, auth_mode_line, auth_source_line;
+    int tls_line[TLS_NKEYS];
     int unknown_keys;          /* how many keys were ignored */
 };
 
@@ -80,6 +106,10 @@ int imex_config_load(const char *path, struct imex_config *cfg, char *err, size_
 int imex_config_parse(const char *name, const char *text, size_t len, struct imex_config *cfg, char *err,
                       size_t errlen);
 void imex_config_free(struct imex_config *cfg);
+/* With IMEX_ENABLE_AUTH_ENCRYPTION=1: the mode must be SSL_TLS, the six credential keys must be set
+ * and the source must be FILE or ENV_PATH (empty = FILE). Checks the settings only, not the files.
+ * 0 when fine (or auth is off); else -1 and "<name>:<line>: <KEY>: ..." in err. */
+int imex_config_check_auth(const char *name, const struct imex_config *cfg, char *err, size_t errlen);
 
 struct imex_node {
     char *name;          /* the line as written (address or hostname) */

@@ -3,8 +3,17 @@
  * One single-threaded poll loop: a peer listener on <node address>:SERVER_PORT, one outbound TCP link
  * to every other entry of the nodes file (retried every 500 ms), the command service for
  * nvidia-imex-ctl on IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT (and/or IMEX_CMD_UNIX_DOMAIN_PATH), and
- * signals (SIGTERM/SIGINT stop, SIGUSR1 re-reads the nodes file). Protocol: sim/imex/README.md. */
+ * signals (SIGTERM/SIGINT stop, SIGUSR1 re-reads the nodes file). Protocol: sim/imex/README.md.
+ *
+ * With IMEX_ENABLE_AUTH_ENCRYPTION=1 every peer link is mutual TLS (OpenSSL 3): the dialer is the TLS
+ * client, the acceptor the server; the handshake is driven from the same poll loop and the line
+ * protocol then runs inside the TLS session. SIGUSR1 also re-reads the credential files. */
 #include "imex_common.h"
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,7 +44,7 @@
 #define MAX_CMD_CLIENTS 64
 
 enum { LL_FATAL = 1, LL_ERROR = 2, LL_WARN = 3, LL_INFO = 4, LL_DEBUG = 5 };
-enum { LINK_IDLE, LINK_CONNECTING, LINK_HELLO, LINK_UP };
+enum { LINK_IDLE, LINK_CONNECTING, LINK_TLS, LINK_HELLO, LINK_UP };
 
 struct buf {
     char *p;
@@ -46,6 +55,10 @@ struct conn {
     int fd;
     struct buf in, out;
     size_t out_off;
+    SSL *ssl;         /* NULL on plaintext links and command clients */
+    bool want_write;  /* the last TLS operation needs the socket writable before it can go on */
+    bool read_blocks_write; /* SSL_write is waiting for data from the peer: POLLOUT would spin */
+    bool tls_fatal;   /* a fatal TLS error: no close_notify may be sent */
 };
 
 struct peer {
@@ -68,7 +81,9 @@ struct peer {
 struct inbound {
     struct conn c;
     int64_t last_rx;
-    bool got_hello, close_after_flush;
+    int64_t hs_deadline;  /* TLS: the handshake must be done by then */
+    bool got_hello, close_after_flush, tls_up;
+    struct sockaddr_in from;
 };
 
 struct cmdcli {
@@ -99,6 +114,7 @@ static struct {
     int64_t ready_at;
     int64_t next_keepalive;
     bool dirty; /* our state or row changed: push a STATUS to every dialer */
+    SSL_CTX *tls_server, *tls_client; /* IMEX_ENABLE_AUTH_ENCRYPTION=1: contexts for new links */
 } D = {.listen_fd = -1, .cmd_fd = -1, .unix_fd = -1, .self_idx = -1};
 
 static volatile sig_atomic_t got_term, got_usr1;
@@ -192,6 +208,16 @@ static void conn_init(struct conn *c, int fd)
 
 static void conn_close(struct conn *c)
 {
+    if (c->ssl) {
+        /* One close_notify, best effort: the peer then sees a clean end rather than a truncation.
+         * Not after a fatal error (OpenSSL forbids it) nor during a handshake. */
+        if (!c->tls_fatal && SSL_is_init_finished(c->ssl))
+            (void)SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+        c->ssl = NULL;
+        ERR_clear_error();
+    }
+    c->want_write = c->read_blocks_write = c->tls_fatal = false;
     if (c->fd >= 0) {
         /* Drain what the other side sent, so that close() sends FIN (not RST) and our last line
          * (e.g. "BYE RELOAD") reaches the peer. */
@@ -211,9 +237,102 @@ static bool conn_pending(const struct conn *c)
     return c->out.len > c->out_off;
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* TLS I/O                                                                                          */
+
+/* The reason of the last TLS failure, for the log and the peer status. Single-threaded, and every
+ * caller consumes it right after the failing call, so one buffer serves all connections. */
+static char tls_err[256];
+
+/* Fills tls_err from OpenSSL's error queue (first error: the root cause), the verify result for
+ * certificate failures, or errno for a failed system call; then clears the queue. */
+static void tls_note_error(struct conn *c, int sslerr)
+{
+    unsigned long e = ERR_get_error();
+    int saved = errno;
+    if (c)
+        c->tls_fatal = sslerr == SSL_ERROR_SSL || sslerr == SSL_ERROR_SYSCALL;
+    if (e) {
+        const char *r = ERR_reason_error_string(e);
+        char tmp[128];
+        if (!r) {
+            ERR_error_string_n(e, tmp, sizeof tmp);
+            r = tmp;
+        }
+        long vr = c && c->ssl ? SSL_get_verify_result(c->ssl) : X509_V_OK;
+        if (ERR_GET_REASON(e) == SSL_R_CERTIFICATE_VERIFY_FAILED && vr != X509_V_OK)
+            snprintf(tls_err, sizeof tls_err, "%s: %s", r, X509_verify_cert_error_string(vr));
+        else
+            snprintf(tls_err, sizeof tls_err, "%s", r);
+    } else if (sslerr == SSL_ERROR_SYSCALL && saved) {
+        snprintf(tls_err, sizeof tls_err, "%s", strerror(saved));
+    } else if (sslerr == SSL_ERROR_ZERO_RETURN) {
+        snprintf(tls_err, sizeof tls_err, "peer closed the TLS session");
+    } else {
+        snprintf(tls_err, sizeof tls_err, "connection closed by peer");
+    }
+    ERR_clear_error();
+}
+
+/* Drives SSL_connect/SSL_accept one step: 1 done, 0 waiting for the socket, -1 failed (tls_err). */
+static int conn_handshake(struct conn *c)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(c->ssl);
+    c->want_write = false;
+    if (r == 1)
+        return 1;
+    int e = SSL_get_error(c->ssl, r);
+    if (e == SSL_ERROR_WANT_READ)
+        return 0;
+    if (e == SSL_ERROR_WANT_WRITE) {
+        c->want_write = true;
+        return 0;
+    }
+    tls_note_error(c, e);
+    return -1;
+}
+
+/* Poll events a connection needs: always readable; writable when output waits (unless TLS is
+ * waiting for the peer first, where POLLOUT would only spin) or TLS asked for it. */
+static short conn_events(const struct conn *c)
+{
+    bool out = c->out.len > c->out_off;
+    if (c->ssl && c->read_blocks_write)
+        out = false;
+    return (short)(POLLIN | (out || c->want_write ? POLLOUT : 0));
+}
+
 /* Writes what it can; -1 on a broken connection. */
 static int conn_flush(struct conn *c)
 {
+    if (c->ssl) {
+        c->want_write = c->read_blocks_write = false;
+        while (conn_pending(c)) {
+            ERR_clear_error();
+            /* The buffer may move and grow between retries: SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER and
+             * SSL_MODE_ENABLE_PARTIAL_WRITE are set on both contexts. */
+            size_t n = c->out.len - c->out_off;
+            int w = SSL_write(c->ssl, c->out.p + c->out_off, n > (1u << 30) ? (1 << 30) : (int)n);
+            if (w > 0) {
+                c->out_off += (size_t)w;
+                continue;
+            }
+            int e = SSL_get_error(c->ssl, w);
+            if (e == SSL_ERROR_WANT_WRITE) {
+                c->want_write = true;
+                return 0;
+            }
+            if (e == SSL_ERROR_WANT_READ) {
+                c->read_blocks_write = true;
+                return 0;
+            }
+            tls_note_error(c, e);
+            return -1;
+        }
+        c->out.len = c->out_off = 0;
+        return 0;
+    }
     while (conn_pending(c)) {
         ssize_t w = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
         if (w < 0) {
@@ -241,6 +360,31 @@ static int conn_read(struct conn *c, size_t max)
 {
     char tmp[4096];
     int got = 0;
+    if (c->ssl) {
+        /* Until WANT_READ: that also empties what OpenSSL has buffered (SSL_pending), which poll()
+         * cannot see. */
+        for (;;) {
+            ERR_clear_error();
+            int r = SSL_read(c->ssl, tmp, sizeof tmp);
+            if (r > 0) {
+                if (c->in.len + (size_t)r > max || buf_append(&c->in, tmp, (size_t)r)) {
+                    snprintf(tls_err, sizeof tls_err, "line too long");
+                    return -1;
+                }
+                got = 1;
+                continue;
+            }
+            int e = SSL_get_error(c->ssl, r);
+            if (e == SSL_ERROR_WANT_READ)
+                return got;
+            if (e == SSL_ERROR_WANT_WRITE) {
+                c->want_write = true;
+                return got;
+            }
+            tls_note_error(c, e);
+            return -1;
+        }
+    }
     for (;;) {
         ssize_t r = recv(c->fd, tmp, sizeof tmp, 0);
         if (r < 0) {
@@ -334,6 +478,23 @@ static void peer_fail(struct peer *p, int64_t now, const char *why)
     }
 }
 
+/* The TLS handshake with p failed, or p refused us right after it: AUTHENTICATING, retried like a
+ * mismatch. A link that was up (e.g. redialled after a reload, now with credentials the peer does not
+ * accept) is first lost as usual, so the log shows both steps. */
+static void peer_auth_fail(struct peer *p, int64_t now, const char *why)
+{
+    char msg[320];
+    snprintf(msg, sizeof msg, "TLS handshake failed: %s", why);
+    logmsg(LL_DEBUG, "peer %s (%s): %s", p->name, p->ip, msg);
+    peer_close(p);
+    p->next_attempt = now + MISMATCH_RETRY_MS;
+    if (p->status == CS_CONNECTED) {
+        p->lost_at = now;
+        set_peer_status(p, lost_status(), "link lost (re-authentication follows)");
+    }
+    set_peer_status(p, CS_AUTHENTICATING, msg);
+}
+
 static const char *self_row(char *row, size_t cap)
 {
     size_t i = 0;
@@ -394,6 +555,46 @@ static bool same_major(const char *a, const char *b)
     return la == lb && !memcmp(a, b, la);
 }
 
+/* One step of the client handshake; when it completes, the hello follows inside TLS. The first step
+ * can already complete (a fast acceptor answers while SSL_connect still reads), so every caller
+ * must go through here. */
+static void peer_tls_step(struct peer *p, int64_t now)
+{
+    int h = conn_handshake(&p->c);
+    if (h < 0) {
+        peer_auth_fail(p, now, tls_err);
+        return;
+    }
+    if (h == 0)
+        return;
+    logmsg(LL_DEBUG, "peer %s (%s): TLS handshake done (%s, %s)", p->name, p->ip, SSL_get_version(p->c.ssl),
+           SSL_get_cipher_name(p->c.ssl));
+    p->link = LINK_HELLO;
+    p->deadline = now + HELLO_TIMEOUT_MS;
+    send_hello(&p->c);
+}
+
+/* The TCP connection to p is up: start TLS (then the hello) or send the hello at once. */
+static void peer_connected(struct peer *p, int64_t now)
+{
+    p->deadline = now + HELLO_TIMEOUT_MS;
+    if (!D.tls_client) {
+        p->link = LINK_HELLO;
+        send_hello(&p->c);
+        return;
+    }
+    p->c.ssl = SSL_new(D.tls_client);
+    if (!p->c.ssl || SSL_set_fd(p->c.ssl, p->c.fd) != 1) {
+        tls_note_error(NULL, SSL_ERROR_SSL);
+        logmsg(LL_ERROR, "peer %s (%s): cannot create a TLS session: %s", p->name, p->ip, tls_err);
+        peer_fail(p, now, "cannot create a TLS session");
+        return;
+    }
+    SSL_set_connect_state(p->c.ssl);
+    p->link = LINK_TLS; /* the handshake deadline is the hello timeout */
+    peer_tls_step(p, now);
+}
+
 static void peer_start_dial(struct peer *p, int64_t now)
 {
     if (!p->resolved) {
@@ -417,9 +618,7 @@ static void peer_start_dial(struct peer *p, int64_t now)
     conn_init(&p->c, fd);
     int rc = connect(fd, (struct sockaddr *)&dst, sizeof dst);
     if (rc == 0) {
-        p->link = LINK_HELLO;
-        p->deadline = now + HELLO_TIMEOUT_MS;
-        send_hello(&p->c);
+        peer_connected(p, now);
     } else if (errno == EINPROGRESS) {
         p->link = LINK_CONNECTING;
         p->deadline = now + CONNECT_TIMEOUT_MS;
@@ -505,26 +704,72 @@ static void peer_event(struct peer *p, short rev, int64_t now)
         }
         if (!(rev & (POLLOUT | POLLERR | POLLHUP)))
             return;
-        p->link = LINK_HELLO;
-        p->deadline = now + HELLO_TIMEOUT_MS;
-        send_hello(&p->c);
+        peer_connected(p, now);
         return;
     }
-    if (rev & POLLOUT) {
+    if (p->link == LINK_TLS) {
+        peer_tls_step(p, now);
+        if (p->link != LINK_HELLO)
+            return;
+    }
+    /* TLS: both directions on every event, since a TLS read may need the socket writable and vice
+     * versa, and records may already sit in OpenSSL's buffer. */
+    bool tls = p->c.ssl != NULL;
+    if ((rev & POLLOUT) || (tls && conn_pending(&p->c))) {
         if (conn_flush(&p->c) < 0) {
-            peer_fail(p, now, "write failed");
+            /* In TLS 1.3 the client finishes its handshake before the server has checked the client
+             * certificate: a refusal arrives as an alert while we wait for the hello. */
+            if (tls && p->link == LINK_HELLO)
+                peer_auth_fail(p, now, tls_err);
+            else
+                peer_fail(p, now, "write failed");
             return;
         }
     }
-    if (rev & (POLLIN | POLLHUP | POLLERR)) {
+    if (tls || (rev & (POLLIN | POLLHUP | POLLERR))) {
         int r = conn_read(&p->c, MAX_LINE);
         char line[MAX_LINE];
         int idx = (int)(p - D.peers);
         while (D.peers[idx].link != LINK_IDLE && conn_line(&p->c, line, sizeof line))
             peer_handle_line(p, line, now);
-        if (r < 0 && p->link != LINK_IDLE)
+        if (r < 0 && p->link == LINK_HELLO && tls)
+            peer_auth_fail(p, now, tls_err); /* see above: refused after our side of the handshake */
+        else if (r < 0 && p->link != LINK_IDLE)
             peer_fail(p, now, "connection closed by peer");
+        else if (tls && p->link != LINK_IDLE && p->c.read_blocks_write && conn_flush(&p->c) < 0)
+            peer_fail(p, now, "write failed");
     }
+}
+
+/* An acceptor's refusal is logged at WARN: a dialer with foreign or no credentials retries every
+ * second, so repeats from the same address are logged at WARN once a minute, else at DEBUG. */
+static void inbound_refused(const struct inbound *ib, const char *why)
+{
+    static struct {
+        in_addr_t addr;
+        int64_t at;
+    } seen[32];
+    static unsigned next_slot;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &ib->from.sin_addr, ip, sizeof ip);
+    int64_t now = imex_now_ms();
+    int lvl = LL_WARN;
+    size_t k = 0;
+    for (; k < sizeof seen / sizeof seen[0]; k++)
+        if (seen[k].at && seen[k].addr == ib->from.sin_addr.s_addr)
+            break;
+    if (k < sizeof seen / sizeof seen[0]) {
+        if (now - seen[k].at < 60000)
+            lvl = LL_DEBUG;
+        else
+            seen[k].at = now;
+    } else {
+        k = next_slot++ % (sizeof seen / sizeof seen[0]);
+        seen[k].addr = ib->from.sin_addr.s_addr;
+        seen[k].at = now;
+    }
+    logmsg(lvl, "refused a peer connection from %s:%u: TLS handshake failed: %s", ip,
+           (unsigned)ntohs(ib->from.sin_port), why);
 }
 
 static void inbound_handle_line(struct inbound *ib, const char *line, int64_t now)
@@ -849,6 +1094,263 @@ fail_one: {
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* TLS credentials (start-up and SIGUSR1)                                                          */
+
+struct tls_creds {
+    SSL_CTX *server, *client;
+};
+
+/* Errors name the config file and line of the key, the key and the credential file, like the
+ * parse errors do: "<config>:<line>: IMEX_SERVER_KEY: <file>: <reason>". */
+static void cred_err(char *err, size_t el, int k, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void cred_err(char *err, size_t el, int k, const char *fmt, ...)
+{
+    int n = snprintf(err, el, "%s:%d: %s: ", D.config_path, D.cfg.tls_line[k], imex_tls_key_names[k]);
+    if (n >= 0 && (size_t)n < el) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err + n, el - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    ERR_clear_error();
+}
+
+static const char *ossl_reason(void)
+{
+    unsigned long e = ERR_peek_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "unknown OpenSSL error";
+}
+
+/* The file a credential key names: the value itself (FILE), or the value of the environment
+ * variable it names (ENV_PATH). */
+static const char *cred_path(int k, char *err, size_t el)
+{
+    const char *v = D.cfg.tls[k];
+    if (D.cfg.auth_source != AUTH_SOURCE_ENV_PATH)
+        return v;
+    const char *p = getenv(v);
+    if (!p || !*p) {
+        cred_err(err, el, k, "environment variable %s (IMEX_AUTH_SOURCE=ENV_PATH) is %s", v, p ? "empty" : "not set");
+        return NULL;
+    }
+    return p;
+}
+
+static FILE *cred_open(int k, const char *path, char *err, size_t el)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        cred_err(err, el, k, "cannot open %s: %s", path, strerror(errno));
+    return f;
+}
+
+/* Never prompt on the terminal for a passphrase: an encrypted key is an error. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1;
+}
+
+static void cert_summary(struct buf *info, const char *key, const char *path, X509 *x)
+{
+    char subj[256], iss[256], na[64] = "?";
+    X509_NAME_oneline(X509_get_subject_name(x), subj, sizeof subj);
+    X509_NAME_oneline(X509_get_issuer_name(x), iss, sizeof iss);
+    BIO *b = BIO_new(BIO_s_mem());
+    if (b) {
+        if (ASN1_TIME_print(b, X509_get0_notAfter(x)) == 1) {
+            int n = BIO_read(b, na, sizeof na - 1);
+            na[n > 0 ? n : 0] = '\0';
+        }
+        BIO_free(b);
+    }
+    bool expired = X509_cmp_current_time(X509_get0_notAfter(x)) < 0;
+    buf_printf(info, "# %s %s: subject %s, issuer %s, notAfter %s%s\n", key, path, subj, iss, na,
+               expired ? " (EXPIRED)" : "");
+}
+
+/* One side's context: own key and certificate chain, and the CA bundle that peers must chain to. */
+static SSL_CTX *tls_side(bool server, struct buf *info, char *err, size_t el)
+{
+    int kk = server ? TLS_SERVER_KEY : TLS_CLIENT_KEY, kc = kk + 1, ka = kk + 2;
+    const char *pk = cred_path(kk, err, el), *pc = pk ? cred_path(kc, err, el) : NULL,
+               *pa = pc ? cred_path(ka, err, el) : NULL;
+    if (!pa)
+        return NULL;
+    SSL_CTX *ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
+    EVP_PKEY *key = NULL;
+    X509 *leaf = NULL, *x;
+    FILE *f = NULL;
+    if (!ctx) {
+        cred_err(err, el, kk, "cannot create a TLS context: %s", ossl_reason());
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* RELEASE_BUFFERS: idle links keep no record buffers. NO_AUTO_CHAIN: we send the certificate
+     * file's chain only, never certificates picked from the trust bundle (a root sent along is
+     * useless to the peer and muddles its verify error). */
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                              SSL_MODE_RELEASE_BUFFERS | SSL_MODE_NO_AUTO_CHAIN);
+    /* Every connection is fully verified against the current CA bundle: no session resumption. */
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
+    if (server)
+        SSL_CTX_set_num_tickets(ctx, 0);
+
+    /* Certificate (leaf first, then any chain certificates in the same file). */
+    if (!(f = cred_open(kc, pc, err, el)))
+        goto fail;
+    leaf = PEM_read_X509(f, NULL, no_passphrase, NULL);
+    if (!leaf) {
+        cred_err(err, el, kc, "%s: no PEM certificate (%s)", pc, ossl_reason());
+        goto fail;
+    }
+    if (SSL_CTX_use_certificate(ctx, leaf) != 1) {
+        cred_err(err, el, kc, "%s: certificate not usable: %s", pc, ossl_reason());
+        goto fail;
+    }
+    while ((x = PEM_read_X509(f, NULL, no_passphrase, NULL)) != NULL)
+        if (SSL_CTX_add0_chain_cert(ctx, x) != 1) {
+            X509_free(x);
+            cred_err(err, el, kc, "%s: chain certificate not usable: %s", pc, ossl_reason());
+            goto fail;
+        }
+    ERR_clear_error(); /* the end of the file reads as "no start line" */
+    fclose(f);
+    f = NULL;
+
+    /* Private key, which must belong to that certificate. */
+    if (!(f = cred_open(kk, pk, err, el)))
+        goto fail;
+    key = PEM_read_PrivateKey(f, NULL, no_passphrase, NULL);
+    fclose(f);
+    f = NULL;
+    if (!key) {
+        cred_err(err, el, kk, "%s: no PEM private key, or it is encrypted (%s)", pk, ossl_reason());
+        goto fail;
+    }
+    if (X509_check_private_key(leaf, key) != 1) {
+        cred_err(err, el, kk, "%s does not match the certificate in %s %s", pk, imex_tls_key_names[kc], pc);
+        goto fail;
+    }
+    if (SSL_CTX_use_PrivateKey(ctx, key) != 1) {
+        cred_err(err, el, kk, "%s: key not usable: %s", pk, ossl_reason());
+        goto fail;
+    }
+
+    /* CA bundle: every certificate in the file is a trust anchor. */
+    if (!(f = cred_open(ka, pa, err, el)))
+        goto fail;
+    X509_STORE *store = SSL_CTX_get_cert_store(ctx);
+    int nca = 0;
+    char first[256] = "";
+    while ((x = PEM_read_X509(f, NULL, no_passphrase, NULL)) != NULL) {
+        if (!nca)
+            X509_NAME_oneline(X509_get_subject_name(x), first, sizeof first);
+        int ok = X509_STORE_add_cert(store, x);
+        X509_free(x);
+        if (ok != 1) {
+            unsigned long e = ERR_peek_last_error();
+            if (ERR_GET_REASON(e) != X509_R_CERT_ALREADY_IN_HASH_TABLE) {
+                cred_err(err, el, ka, "%s: CA certificate not usable: %s", pa, ossl_reason());
+                goto fail;
+            }
+        }
+        nca++;
+    }
+    ERR_clear_error();
+    fclose(f);
+    f = NULL;
+    if (!nca) {
+        cred_err(err, el, ka, "%s: no PEM CA certificate in the bundle", pa);
+        goto fail;
+    }
+
+    /* The acceptor insists on a client certificate; both verify the peer's chain. With the target
+     * override the peer's certificate must also carry that DNS name in its subjectAltName (never the
+     * subject CN: a CA that signs for other purposes must not be enough). */
+    SSL_CTX_set_verify(ctx, server ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER, NULL);
+    const char *target = D.cfg.tls[TLS_TARGET_OVERRIDE];
+    if (target && *target) {
+        X509_VERIFY_PARAM *vp = SSL_CTX_get0_param(ctx);
+        X509_VERIFY_PARAM_set_hostflags(vp, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                                                X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        if (X509_VERIFY_PARAM_set1_host(vp, target, 0) != 1) {
+            cred_err(err, el, TLS_TARGET_OVERRIDE, "'%s' is not usable as a DNS name", target);
+            goto fail;
+        }
+    }
+    if (info) {
+        cert_summary(info, imex_tls_key_names[kc], pc, leaf);
+        buf_printf(info, "# %s %s: %d CA certificate%s, first %s\n", imex_tls_key_names[ka], pa, nca,
+                   nca == 1 ? "" : "s", first);
+    }
+    X509_free(leaf);
+    EVP_PKEY_free(key);
+    return ctx;
+fail:
+    if (f)
+        fclose(f);
+    X509_free(leaf);
+    EVP_PKEY_free(key);
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+/* Loads all credentials into new contexts; 0, or -1 with the error in err (nothing changed). */
+static int tls_load(struct tls_creds *out, struct buf *info, char *err, size_t el)
+{
+    out->server = tls_side(true, info, err, el);
+    if (!out->server)
+        return -1;
+    out->client = tls_side(false, info, err, el);
+    if (!out->client) {
+        SSL_CTX_free(out->server);
+        out->server = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void tls_install(struct tls_creds *c)
+{
+    /* Live SSL objects hold their own reference to the context they were made from, so established
+     * links (and handshakes in progress) keep the old credentials; new connections use the new. */
+    SSL_CTX_free(D.tls_server);
+    SSL_CTX_free(D.tls_client);
+    D.tls_server = c->server;
+    D.tls_client = c->client;
+}
+
+/* Logs each "# ..." line of a tls_load() summary at INFO (it is modified in place). */
+static void log_comment_lines(const char *prefix, char *text)
+{
+    for (char *line = text, *nl; line && *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        logmsg(LL_INFO, "%s: %s", prefix, line[0] == '#' && line[1] == ' ' ? line + 2 : line);
+    }
+}
+
+static void reload_credentials(void)
+{
+    struct tls_creds c;
+    struct buf info = {0};
+    char err[IMEX_ERRLEN];
+    if (tls_load(&c, &info, err, sizeof err)) {
+        logmsg(LL_ERROR, "SIGUSR1: keeping the current TLS credentials: %s", err);
+        buf_free(&info);
+        return;
+    }
+    tls_install(&c);
+    log_comment_lines("TLS credentials reloaded", info.p);
+    buf_free(&info);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Node map (start-up and SIGUSR1)                                                                 */
 
 static void peer_free(struct peer *p)
@@ -990,7 +1492,10 @@ static void on_signal(int sig)
 static void accept_all(int lfd, bool is_cmd)
 {
     for (;;) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_in from = {0};
+        socklen_t fl = sizeof from;
+        int fd = accept4(lfd, is_cmd ? NULL : (struct sockaddr *)&from, is_cmd ? NULL : &fl,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
         int64_t now = imex_now_ms();
@@ -1028,12 +1533,25 @@ static void accept_all(int lfd, bool is_cmd)
                 D.in = p;
                 D.capin = nc;
             }
-            struct inbound *ib = &D.in[D.nin++];
+            struct inbound *ib = &D.in[D.nin];
             memset(ib, 0, sizeof *ib);
             conn_init(&ib->c, fd);
+            ib->from = from;
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             ib->last_rx = now;
+            if (D.tls_server) {
+                ib->c.ssl = SSL_new(D.tls_server);
+                if (!ib->c.ssl || SSL_set_fd(ib->c.ssl, fd) != 1) {
+                    tls_note_error(NULL, SSL_ERROR_SSL);
+                    logmsg(LL_ERROR, "cannot create a TLS session: %s", tls_err);
+                    conn_close(&ib->c);
+                    continue;
+                }
+                SSL_set_accept_state(ib->c.ssl);
+                ib->hs_deadline = now + HELLO_TIMEOUT_MS;
+            }
+            D.nin++;
         }
     }
 }
@@ -1068,6 +1586,21 @@ static int64_t run_timers(int64_t now)
             else
                 WAKE(p->deadline);
             break;
+        case LINK_TLS:
+            if (now >= p->deadline) {
+                /* No answer to our ClientHello: either a plaintext daemon (it waits for a hello line)
+                 * or a hung one. A peer that was up before is treated as hung (RECOVERING stays);
+                 * otherwise the link never got past authentication. */
+                bool answered = BIO_number_read(SSL_get_rbio(p->c.ssl)) > 0;
+                if (!answered && (p->status == CS_RECOVERING || p->status == CS_DISCONNECTED))
+                    peer_fail(p, now, "TLS handshake timed out");
+                else
+                    peer_auth_fail(p, now, answered ? "timed out"
+                                                    : "timed out: no answer to our ClientHello (is the peer "
+                                                      "running with IMEX_ENABLE_AUTH_ENCRYPTION=1?)");
+            }
+            WAKE(p->link == LINK_IDLE ? p->next_attempt : p->deadline);
+            break;
         case LINK_CONNECTING:
         case LINK_HELLO:
             if (now >= p->deadline)
@@ -1099,9 +1632,19 @@ static int64_t run_timers(int64_t now)
             if (D.in[i].c.fd >= 0 && D.in[i].got_hello && !D.in[i].close_after_flush)
                 send_status(&D.in[i].c);
     }
-    for (size_t i = 0; i < D.nin; i++)
-        if (D.in[i].c.fd >= 0 && now - D.in[i].last_rx > INBOUND_IDLE_MS)
-            conn_close(&D.in[i].c);
+    for (size_t i = 0; i < D.nin; i++) {
+        struct inbound *ib = &D.in[i];
+        if (ib->c.fd >= 0 && ib->c.ssl && !ib->tls_up) {
+            if (now >= ib->hs_deadline) {
+                inbound_refused(ib, "TLS handshake timed out");
+                conn_close(&ib->c);
+            } else {
+                WAKE(ib->hs_deadline);
+            }
+        }
+        if (ib->c.fd >= 0 && now - ib->last_rx > INBOUND_IDLE_MS)
+            conn_close(&ib->c);
+    }
     for (size_t i = 0; i < D.ncmd; i++) {
         if (D.cmd[i].c.fd >= 0 && now >= D.cmd[i].deadline)
             conn_close(&D.cmd[i].c);
@@ -1155,6 +1698,9 @@ static void shutdown_all(void)
     free(D.in);
     free(D.cmd);
     free(D.last_matrix);
+    SSL_CTX_free(D.tls_server);
+    SSL_CTX_free(D.tls_client);
+    D.tls_server = D.tls_client = NULL;
     logmsg(LL_INFO, "nvidia-imex stand-in stopped");
 }
 
@@ -1172,6 +1718,8 @@ static void loop(sigset_t *unblocked)
         }
         if (got_usr1) {
             got_usr1 = 0;
+            if (D.cfg.auth_enabled)
+                reload_credentials(); /* first, so that links a changed map redials use the new ones */
             reload_nodes(now);
         }
         next = run_timers(now);
@@ -1208,10 +1756,10 @@ static void loop(sigset_t *unblocked)
             if (p->link == LINK_CONNECTING)
                 ADD(p->c.fd, POLLOUT, T_PEER, j);
             else if (p->link != LINK_IDLE)
-                ADD(p->c.fd, POLLIN | (conn_pending(&p->c) ? POLLOUT : 0), T_PEER, j);
+                ADD(p->c.fd, conn_events(&p->c), T_PEER, j);
         }
         for (size_t i = 0; i < D.nin; i++)
-            ADD(D.in[i].c.fd, POLLIN | (conn_pending(&D.in[i].c) ? POLLOUT : 0), T_IN, i);
+            ADD(D.in[i].c.fd, conn_events(&D.in[i].c), T_IN, i);
         for (size_t i = 0; i < D.ncmd; i++)
             ADD(D.cmd[i].c.fd, D.cmd[i].responded ? POLLOUT : POLLIN, T_CLI, i);
 #undef ADD
@@ -1252,11 +1800,34 @@ static void loop(sigset_t *unblocked)
                 struct inbound *ib = &D.in[i];
                 if (ib->c.fd < 0)
                     break;
-                if ((rev & POLLOUT) && conn_flush(&ib->c) < 0) {
+                bool tls = ib->c.ssl != NULL;
+                if (tls && !ib->tls_up) {
+                    int h = conn_handshake(&ib->c);
+                    if (h < 0) {
+                        inbound_refused(ib, tls_err);
+                        conn_close(&ib->c);
+                        break;
+                    }
+                    if (h == 0)
+                        break;
+                    ib->tls_up = true;
+                    if (D.cfg.log_level >= LL_DEBUG) {
+                        char subj[256] = "?";
+                        X509 *pc = SSL_get1_peer_certificate(ib->c.ssl);
+                        if (pc) {
+                            X509_NAME_oneline(X509_get_subject_name(pc), subj, sizeof subj);
+                            X509_free(pc);
+                        }
+                        logmsg(LL_DEBUG, "inbound TLS from %s accepted (%s), client certificate %s",
+                               inet_ntoa(ib->from.sin_addr), SSL_get_version(ib->c.ssl), subj);
+                    }
+                }
+                /* TLS: flush and read on every event (see peer_event). */
+                if (((rev & POLLOUT) || (tls && conn_pending(&ib->c))) && conn_flush(&ib->c) < 0) {
                     conn_close(&ib->c);
                     break;
                 }
-                if (rev & (POLLIN | POLLHUP | POLLERR)) {
+                if (tls || (rev & (POLLIN | POLLHUP | POLLERR))) {
                     int r = conn_read(&ib->c, MAX_LINE);
                     char line[MAX_LINE];
                     while (ib->c.fd >= 0 && !ib->close_after_flush && conn_line(&ib->c, line, sizeof line))
@@ -1331,6 +1902,23 @@ static void print_effective(void)
            c->log_level, c->log_file_name, c->log_append, c->daemonize, c->bind_ip, c->server_port,
            c->node_config_file, c->wait_for_quorum == QUORUM_NONE ? "NONE" : "RECOVERY", c->cmd_enabled,
            c->cmd_bind_ip, c->cmd_port, c->cmd_unix_path, c->grace_time);
+}
+
+/* Comment lines only: the KEY=VALUE part of --check-config stays the list of effective settings. */
+static void print_auth(const char *tls_info)
+{
+    const struct imex_config *c = &D.cfg;
+    if (!c->auth_enabled) {
+        printf("# IMEX_ENABLE_AUTH_ENCRYPTION=0: peer links are plaintext\n");
+        return;
+    }
+    const char *t = c->tls[TLS_TARGET_OVERRIDE];
+    printf("# IMEX_ENABLE_AUTH_ENCRYPTION=1: mutual TLS (SSL_TLS), IMEX_AUTH_SOURCE=%s, %s%s\n",
+           c->auth_source == AUTH_SOURCE_ENV_PATH ? "ENV_PATH" : "FILE",
+           t && *t ? "peer certificates must carry the subjectAltName DNS:" : "peer certificates: chain only",
+           t && *t ? t : "");
+    if (tls_info)
+        fputs(tls_info, stdout);
 }
 
 static int open_log(void)
@@ -1449,12 +2037,26 @@ int main(int argc, char **argv)
     }
     if (port_override > 0)
         D.cfg.server_port = port_override;
+    struct buf tls_info = {0};
+    if (D.cfg.auth_enabled) {
+        /* Settings, then the files: a wrong path or key is a start-up error, not a runtime surprise. */
+        struct tls_creds creds;
+        if (imex_config_check_auth(config, &D.cfg, err, sizeof err) ||
+            tls_load(&creds, &tls_info, err, sizeof err)) {
+            fprintf(stderr, "nvidia-imex: error: %s\n", err);
+            buf_free(&tls_info);
+            imex_config_free(&D.cfg);
+            return 1;
+        }
+        tls_install(&creds);
+    }
     if (check) {
         /* The nodes file is checked too when it exists (it may legitimately be written later). */
         if (access(D.cfg.node_config_file, F_OK) == 0) {
             struct imex_node_map m;
             if (imex_nodes_load(D.cfg.node_config_file, &m, err, sizeof err)) {
                 fprintf(stderr, "nvidia-imex: error: %s\n", err);
+                buf_free(&tls_info);
                 imex_config_free(&D.cfg);
                 return 1;
             }
@@ -1465,12 +2067,18 @@ int main(int argc, char **argv)
             print_effective();
             printf("# %s: not present\n", D.cfg.node_config_file);
         }
+        print_auth(tls_info.p);
+        buf_free(&tls_info);
+        SSL_CTX_free(D.tls_server);
+        SSL_CTX_free(D.tls_client);
         imex_config_free(&D.cfg);
         return 0;
     }
 
-    if (open_log())
+    if (open_log()) {
+        buf_free(&tls_info);
         return 1;
+    }
     D.state = NS_INITIALIZING;
     const char *hn = getenv("NVLFABRIC_SIM_HOSTNAME");
     if (hn && *hn)
@@ -1483,6 +2091,14 @@ int main(int argc, char **argv)
     logmsg(LL_INFO, "nvidia-imex stand-in %s starting, config %s, pid %d", imex_version(), config, (int)getpid());
     if (D.cfg.unknown_keys)
         logmsg(LL_DEBUG, "%d unknown config keys ignored", D.cfg.unknown_keys);
+    if (D.cfg.auth_enabled) {
+        const char *t = D.cfg.tls[TLS_TARGET_OVERRIDE];
+        logmsg(LL_INFO, "peer links use mutual TLS (%s)", t && *t ? t : "no IMEX_SECURITY_TARGET_OVERRIDE: chain only");
+        log_comment_lines("TLS credentials", tls_info.p);
+    } else {
+        logmsg(LL_INFO, "peer links are plaintext (IMEX_ENABLE_AUTH_ENCRYPTION=0)");
+    }
+    buf_free(&tls_info);
 
     struct imex_node_map map;
     if (imex_nodes_load(D.cfg.node_config_file, &map, err, sizeof err)) {
