@@ -13,6 +13,7 @@ the agent's DaemonSet pod), one not bound to any pod, and one of the controller.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 import uuid
@@ -22,6 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
@@ -45,6 +50,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 )
+from lightkube.resources.certificates_v1 import CertificateSigningRequest
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
@@ -69,7 +75,7 @@ DRIVER = names.DRIVER
 INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods",
-            "nvlfabric-channel-claims")
+            "nvlfabric-channel-claims", "nvlfabric-agent-certificates")
 FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
 POLICY_EFFECTIVE_S = 30.0
@@ -639,6 +645,32 @@ def test_agent_token_not_bound_to_a_pod_is_denied(env: Env) -> None:
         assert f"may only write its own Node (nvlfabric.io/ labels, the {FABRIC} condition)" in msg
         # Reading stays possible: only writes are node-scoped.
         assert unbound.get(Node, env.node_a).metadata.name == env.node_a
+    finally:
+        unbound.close()
+
+
+def _csr(name: str, signer: str) -> CertificateSigningRequest:
+    key = ec.generate_private_key(ec.SECP256R1())
+    req = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "system:node:spy")])).sign(key, hashes.SHA256())
+    return CertificateSigningRequest.from_dict({"metadata": {"name": name}, "spec": {
+        "signerName": signer, "usages": ["digital signature", "client auth"],
+        "request": base64.b64encode(req.public_bytes(serialization.Encoding.PEM)).decode()}})
+
+
+def test_agent_asks_for_imex_certificates_only_and_with_its_nodes_token(env: Env) -> None:
+    """The agent's role may create CertificateSigningRequests (IMEX node certificates), which RBAC
+    cannot narrow to a signer: the policy does, and wants the token bound to the agent's node."""
+    name = f"agent-csr-{env.suffix}"
+    msg = policy_in_effect(lambda: env.agent.create(_csr(name, "kubernetes.io/kube-apiserver-client-kubelet"),
+                                                    dry_run=True))
+    assert "asks for IMEX node certificates only (signerName nvlfabric.io/imex), not of signer " \
+           "kubernetes.io/kube-apiserver-client-kubelet" in msg, msg
+    env.agent.create(_csr(name, names.IMEX_SIGNER), dry_run=True)  # its own signer: admitted
+    unbound = env.token_client(AGENT, manager="spy")
+    try:
+        msg = denied(lambda: unbound.create(_csr(name, names.IMEX_SIGNER), dry_run=True))
+        assert "with its pod's token only (bound to its node" in msg, msg
     finally:
         unbound.close()
 
