@@ -14,6 +14,10 @@ and:
 - `pulumi refresh` finds nothing changed, and the domain removed from the program is deleted
   through the state the previous release wrote.
 
+The project's own stack, stacks/dev (two racks of 16 nodes here, its four jobs of 23 pods, one
+over both racks), goes through the same upgrade: the same golden preview, every pod, claim and
+IMEX daemon kept, `refresh` clean.
+
 The simulated nodes run the previous release's agent image (`nvlfabric/node-agent:<previous>`)
 from a virtualenv of that release's wheel with its `node` extra, and this release's image from the
 checkout (nvlfabric/sim/images.py maps a tag of its own): the agents that roll are the previous
@@ -257,3 +261,79 @@ def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not list(client.list(Job, namespace="default"))
     proj.run("destroy", "--yes", "--skip-preview", timeout=400)
+
+
+FLEET = 176  # racks 176 and 177 (127.10.176-177.x): stacks/dev's two racks, away from a demo's 0 and 1
+FLEET_NODES = 16  # stacks/dev's 23 pods of 4 GPUs: 7 of single-rack jobs plus 8 per rack of the multirack one
+
+
+@pytest.fixture(scope="module")
+def fleet(previous: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory,
+          ) -> Iterator[tuple[ControlPlane, Client, Path]]:
+    """Two simulated racks for stacks/dev, their nodes on the previous release's agent image."""
+    version, _, wheel = previous
+    node_venv = tmp_path_factory.mktemp("previous-fleet") / "venv"
+    installed.venv(node_venv, "node", wheel)
+    old_image = {f"{names.AGENT_IMAGE_REPOSITORY}:{version}": ImageProgram(
+        entrypoint=[str(node_venv / "bin" / "python"), "-m", "nvlfabric"])}
+    with simulated_rack(ports=free_ports(), first_rack=FLEET, racks=2, nodes=FLEET_NODES,
+                        field_manager="upgrade-test", prefix="nvlupf-", images=old_image) as (cp, client):
+        yield cp, client, node_venv
+
+
+@pytest.mark.timeout(1800)
+def test_stacks_dev_upgrades_from_the_previous_release_under_its_running_jobs(
+        tmp_path: Path, previous: tuple[str, str, Path], fleet: tuple[ControlPlane, Client, Path]) -> None:
+    """The project's own stack, stacks/dev (three single-rack jobs and one over both racks), up on
+    the previous release; the new wheel's preview is the same few in-place driver updates as a
+    platform project's (the same golden file), and its `up` keeps every job pod, claim and daemon."""
+    cp, client, node_venv = fleet
+    version, _, wheel = previous
+    venv = tmp_path / "venv"
+    installed.venv(venv, "pulumi", wheel)
+    proj = platform_project(tmp_path / "dev", venv, cp.kubeconfig,
+                            (installed.REPO / "stacks" / "dev" / "__main__.py").read_text())
+    proj.run("stack", "init", "dev")
+    for key, value in (("racks", "2"), ("nodesPerRack", str(FLEET_NODES)), ("firstRack", str(FLEET))):
+        proj.run("config", "set", key, value)
+    proj.run("up", "--yes", "--skip-preview", timeout=900)
+    nodes = sorted(n.name for n in cp.nodes())
+    old_image = f"{names.AGENT_IMAGE_REPOSITORY}:{version}"
+    agents = eventually("the previous release's agents to serve", lambda: _serving(
+        client, "nvlfabric-agent", old_image, len(nodes)), timeout=300)
+    jobs = {"pretrain": 4, "finetune": 2, "eval": 1, "multirack": 16}
+    pods = eventually("every job pod of stacks/dev to run", lambda: (
+        ps if len(ps := [p for p in client.list(Pod, namespace="default") if p.status.phase == "Running"])
+        == sum(jobs.values()) else None), timeout=300)
+    by_node = {n.name: n for n in cp.nodes()}
+    cliques = {n: (client.get(Node, n).metadata.labels or {})[names.CLIQUE_LABEL] for n in nodes}
+    daemons = {p.spec.nodeName: imex_daemon(by_node[p.spec.nodeName], cliques[p.spec.nodeName]) for p in pods}
+    claims = {c.metadata.name: (c.metadata.uid, c.status.allocation) for c in client.list(ResourceClaim,
+                                                                                          namespace="default")}
+    statuses = {d: ready_domain_status(client, d) for d in jobs}
+
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                          "--disable-pip-version-check", f"nvlfabric[pulumi] @ {installed.wheel().as_uri()}"],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    steps = steps_of(proj.json("preview", "--json", "--diff"))
+    assert not [s for s in steps if s[1].endswith(KEPT_TYPES)], f"the upgrade touches a user's object: {steps}"
+    assert steps == golden(f"from-{version}.json", steps), "stacks/dev's upgrade differs from a platform project's"
+
+    proj.run("up", "--yes", "--skip-preview", timeout=900)
+    rolled = eventually("the agents to roll to the new image", lambda: _serving(
+        client, "nvlfabric-agent", names.AGENT_IMAGE, len(nodes)), timeout=600)
+    assert not set(rolled) & set(agents), "every agent pod is a new one"
+    assert running_from(node_venv, "agent") == []
+    for p in pods:
+        now = client.get(Pod, p.metadata.name, namespace="default")
+        assert (now.metadata.uid, now.status.phase) == (p.metadata.uid, "Running"), p.metadata.name
+    for node, daemon in daemons.items():
+        assert imex_daemon(by_node[node], cliques[node]) == daemon, f"{node}'s IMEX daemon changed with the upgrade"
+    assert {c.metadata.name: (c.metadata.uid, c.status.allocation)
+            for c in client.list(ResourceClaim, namespace="default")} == claims
+    for d, status in statuses.items():
+        now = ready_domain_status(client, d)
+        assert (now.get("channel"), now.get("groups")) == (status.get("channel"), status.get("groups")), d
+    proj.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", timeout=600)
+    proj.run("destroy", "--yes", "--skip-preview", timeout=900)

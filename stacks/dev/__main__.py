@@ -13,12 +13,13 @@ from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDr
 config = pulumi.Config()
 racks = config.get_int("racks") or 2
 nodes_per_rack = config.get_int("nodesPerRack") or 18
+first_rack = config.get_int("firstRack") or 0  # the simulator's --first-rack (a demo uses racks 0 and 1)
 namespace = config.get("workloadNamespace") or "default"
 
 driver = NvlfabricDriver("nvlfabric", channels_per_clique=config.get_int("channelsPerClique") or 128)
 rack_components = {
     f"rack-{r}": Nvl72Rack(f"rack-{r}", nodes=[f"rack-{r}-node-{i:02d}" for i in range(nodes_per_rack)])
-    for r in range(racks)
+    for r in range(first_rack, first_rack + racks)
 }
 
 # (domain, pods): a 4-node pretraining run, a 2-node fine-tune, a single-node evaluation.
