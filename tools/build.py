@@ -47,6 +47,7 @@ PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
 # language consuming the component provider. It builds only against pulumi pkg/sdk v3.206.0, its
 # own requirement (see tools/pulumi-yaml/go.mod); a separate main module from the CLI's.
 PULUMI_YAML_VERSION = "v1.25.0"
+JOBSET_VERSION = "v0.10.1"
 
 
 def cache_root() -> Path:
@@ -98,6 +99,8 @@ class Tool:
     binaries: list[str]
     recipe: Callable[[Tool, Path], list[Step]]
     extra_inputs: list[Path] = field(default_factory=list)
+    assemble: Callable[[Tool, Path], None] | None = None
+    """After the build: place what is not a Go binary beside the binaries (in the cache dir)."""
 
     def key(self) -> str:
         h = hashlib.sha256()
@@ -202,6 +205,21 @@ def pulumi_kubernetes_recipe(tool: Tool, out: Path) -> list[Step]:
     ]
 
 
+def jobset_recipe(tool: Tool, out: Path) -> list[Step]:
+    return [Step("go build jobset-manager", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o",
+                                             str(out / "jobset-manager"), tool.module], tool.wrapper)]
+
+
+def addon_assemble(tool: Tool, out: Path) -> None:
+    """The controller's own manifests (CRDs, RBAC, webhooks: its module's config/components),
+    beside its binary: the simulator's addon installs them from there (nvlfabric/sim/addons.py)."""
+    src = module_dir(tool.module, tool.version, tool.wrapper) / "config" / "components"
+    dest = out / f"{tool.name}-config"
+    shutil.copytree(src, dest)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+
+
 def module_dir(module: str, version: str, wrapper: Path) -> Path:
     """Download a module (checked against the wrapper's go.sum) and return its read-only dir."""
     res = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd=wrapper,
@@ -221,7 +239,7 @@ TOOLS: list[Tool] = [
     Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, TOOLS_DIR / "etcd", ["etcd"], etcd_recipe),
     Tool("pulumi", "github.com/pulumi/pulumi/pkg/v3", PULUMI_VERSION, TOOLS_DIR / "pulumi",
          ["pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python",
-          "pulumi-language-nodejs"], pulumi_recipe),
+          "pulumi-language-nodejs"], pulumi_recipe, assemble=pulumi_assemble),
     Tool("pulumi-kubernetes", PULUMI_KUBERNETES_PROVIDER_MODULE, PULUMI_KUBERNETES_VERSION,
          TOOLS_DIR / "pulumi-kubernetes", ["pulumi-resource-kubernetes"], pulumi_kubernetes_recipe),
     Tool("pulumi-yaml", "github.com/pulumi/pulumi-yaml", PULUMI_YAML_VERSION, TOOLS_DIR / "pulumi-yaml",
@@ -229,6 +247,10 @@ TOOLS: list[Tool] = [
     # Our wire-compatibility checker, built on the official k8s.io/kubelet generated clients.
     Tool("kubeletcheck", "k8s.io/kubelet", "v0.37.2", TOOLS_DIR / "kubeletcheck", ["kubeletcheck"],
          kubeletcheck_recipe),
+    # JobSet's controller manager, for `nvlfabric-sim up --addons jobset`: its own wrapper, since it
+    # builds on Kubernetes libraries 0.34 (the control plane is 1.37).
+    Tool("jobset", "sigs.k8s.io/jobset", JOBSET_VERSION, TOOLS_DIR / "jobset", ["jobset-manager"], jobset_recipe,
+         assemble=addon_assemble),
 ]
 
 
@@ -289,8 +311,8 @@ def build_tool(tool: Tool, *, force: bool) -> dict[str, object]:
     peak_kib = 0
     for step in tool.recipe(tool, partial / "bin"):
         peak_kib = max(peak_kib, run_step(tool, step, logfile))
-    if tool.name == "pulumi":
-        pulumi_assemble(tool, partial / "bin")
+    if tool.assemble is not None:
+        tool.assemble(tool, partial / "bin")
     src = partial / "bin.src"
     if src.exists():
         shutil.rmtree(src, ignore_errors=True)

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from nvlfabric.sim import images
+from nvlfabric.sim import addons, images
 from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError, Ports
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.faults import FAULTS, find_node, inject
@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="make the last N racks hollow: their nodes run no agent or IMEX keeper process, an "
                          "in-process stand-in writes what the agent would (fleet-size clusters on one machine; "
                          "see nvlfabric/sim/kubelet/hollow.py)")
+    up.add_argument("--addons", default="", metavar="LIST",
+                    help="comma-separated controllers to run beside the control plane, with their CRDs, RBAC and "
+                         "webhooks, built by `make tools` from their Go modules: jobset (logs in the state dir's "
+                         "logs/<addon>.log; see nvlfabric/sim/addons.py)")
     up.add_argument("--workload-scheduling", action="store_true",
                     help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
                          "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
@@ -94,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             cp.workload_scheduling = args.workload_scheduling
             cp.real_kubelets = args.real_kubelets
             cp.hollow_racks = args.hollow_racks
+            try:
+                cp.addons = addons.parse(args.addons)
+            except ValueError as exc:
+                print(f"nvlfabric-sim: --addons: {exc}", file=sys.stderr)
+                return 2
             if args.images is not None:
                 cp.images = images.load(args.images)
             if not cp.up():

@@ -24,7 +24,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import ssl
 import sys
 import time
@@ -38,7 +37,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from nvlfabric.sim import hardware, pki, processes, realnode
+from nvlfabric.sim import addons, hardware, pki, processes, realnode
 from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.kubelet import rootfs
 from nvlfabric.sim.nodes import GPUS_PER_NODE, NODES_PER_RACK, SimNode, rack_nodes, runtime_root
@@ -75,14 +74,7 @@ class Ports(BaseModel):
 def free_ports() -> Ports:
     """Four distinct free loopback ports (held open together while chosen), for a control plane of
     its own beside any other on this machine: a test's, a benchmark's, another checkout's."""
-    socks = [socket.socket() for _ in range(4)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        etcd, peer, api, sched = (int(sock.getsockname()[1]) for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    etcd, peer, api, sched = processes.free_loopback_ports(4)
     return Ports(etcd_client=etcd, etcd_peer=peer, apiserver=api, scheduler=sched)
 
 
@@ -99,6 +91,7 @@ class State(BaseModel):
     workload_scheduling: bool = False
     real_kubelets: int = 0
     hollow_racks: int = 0
+    addons: list[str] = []
 
 
 class ControlPlaneError(RuntimeError):
@@ -134,6 +127,9 @@ class ControlPlane:
     """How many of the racks (the last ones) are hollow (nvlfabric/sim/kubelet/hollow.py): their
     nodes cost the simulated kubelet's bookkeeping only, no agent or keeper process. The others
     run everything, so a cluster of dozens of racks fits on one machine with real agents on some."""
+    addons: tuple[str, ...] = ()
+    """Controllers to run beside the control plane (nvlfabric/sim/addons.py: "jobset"), with their
+    CRDs, RBAC and webhooks; none by default, so a plain `up` costs what it did."""
     workload_scheduling: bool = False
     """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
     the scheduler and the controller manager alike, as a cluster that opted in would."""
@@ -218,6 +214,7 @@ class ControlPlane:
                     self.workload_scheduling = state.workload_scheduling
                     self.real_kubelets = state.real_kubelets
                     self.hollow_racks = state.hollow_racks
+                    self.addons = tuple(state.addons)
                     return False
                 # Leftovers of a crash: stop what survives before starting afresh.
                 self._stop_all(state)
@@ -238,13 +235,15 @@ class ControlPlane:
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
                           racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
                           workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets,
-                          hollow_racks=self.hollow_racks)
+                          hollow_racks=self.hollow_racks, addons=list(self.addons))
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
                 self._start_scheduler(tools, state)
                 self._start_controller_manager(tools, state)
                 self._wait_workloads_admissible(state)
+                for name in self.addons:
+                    self._start_addon(tools, state, name)
                 state.ready_s = round(time.monotonic() - started, 2)
                 self.progress(f"control plane ready in {state.ready_s:.1f}s at {self.server}")
                 if self.racks:
@@ -371,6 +370,19 @@ class ControlPlane:
             f"--service-account-private-key-file={pki_dir / 'sa.key'}", f"--root-ca-file={pki_dir / 'ca.crt'}",
             "--cluster-name=nvlfabric-sim", "--v=1",
         ])
+
+    def _start_addon(self, tools: Tools, state: State, name: str) -> None:
+        addon = addons.ADDONS[name]
+        webhook_port, health_port = processes.free_loopback_ports(2)
+        client = addons.admin_client(self.kubeconfig)
+        try:
+            prepared = addons.prepare(addon, state_dir=self.state_dir, client=client,
+                                      binary=tools.binary(addon.binary), webhook_port=webhook_port,
+                                      health_port=health_port)
+        finally:
+            client.close()
+        self._launch(state, name, prepared.argv)
+        self._wait(state, f"addon {name} to be ready", lambda: _http_ok(prepared.ready_url))
 
     def _wait_workloads_admissible(self, state: State) -> None:
         # Pods are rejected until the service-account controller made `default/default`; waiting

@@ -132,3 +132,18 @@ def node_client(pki_dir: Path, node: str, out_dir: Path) -> tuple[Path, Path]:
     """A real kubelet's client certificate (`system:node:<name>` in `system:nodes`): the API
     server's Node authorizer and NodeRestriction then limit it to its own node, as on a cluster."""
     return _node_certificate(pki_dir, node, [], x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH, out_dir, "kubelet-client")
+
+
+def webhook_serving(pki_dir: Path, service: str, out_dir: Path) -> tuple[Path, Path]:
+    """An addon's webhook serving certificate (`tls.crt`, `tls.key` in `out_dir`, the names
+    controller-runtime reads), for its Service's DNS name and 127.0.0.1 (the API server calls it
+    there: the webhook configurations name a URL), signed by the cluster's CA; their paths."""
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    cert, key = _signed(ca_cert, ca_key, service, [x509.DNSName(service), x509.IPAddress(
+        ipaddress.ip_address("127.0.0.1"))], x509.oid.ExtendedKeyUsageOID.SERVER_AUTH)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tls.crt").write_bytes(cert)
+    _write_private(out_dir / "tls.key", key)
+    return out_dir / "tls.crt", out_dir / "tls.key"

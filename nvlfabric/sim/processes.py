@@ -158,6 +158,18 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def free_loopback_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1 (held open together while chosen)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def log_tail(path: str | Path, lines: int = 15) -> str:
     try:
         text = Path(path).read_text(errors="replace")
