@@ -30,9 +30,10 @@ def test_the_node_extra_runs_the_agent_and_the_controller_without_pulumi(tmp_pat
     for command in ("agent", "controller"):
         proc = run("-m", "nvlfabric", command, "--help")
         assert proc.returncode == 0 and f"python -m nvlfabric {command}" in proc.stdout, proc.stderr
+    # (cryptography is in it: IMEX TLS, the controller's authorities and the agents' node keys.)
     probe = ("import importlib.util as u, nvlfabric; "
              "print(nvlfabric.__file__); "
-             "print(*[m for m in ('pulumi', 'pulumi_kubernetes', 'cryptography', 'components', 'provider', 'sim', "
+             "print(*[m for m in ('pulumi', 'pulumi_kubernetes', 'components', 'provider', 'sim', "
              "'nodeagent', 'kubeletapi') if u.find_spec(m)])")
     proc = run("-c", probe)
     where, present = [*proc.stdout.splitlines(), "", ""][:2]

@@ -158,8 +158,8 @@ DIFFS = [
     pytest.param(state(), {**inputs(), "spec": {**inputs()["spec"], "imexMode": UNKNOWN}}, True,
                  ["spec.imexMode"], True, id="unknown-imexMode-is-a-replace"),
     pytest.param(state(), {**inputs(), "spec": UNKNOWN}, True,
-                 ["spec.channelAllocationMode", "spec.imexMode", "spec.placement", "spec.channelClaim"], True,
-                 id="unknown-spec"),
+                 ["spec.channelAllocationMode", "spec.imexMode", "spec.placement", "spec.channelClaim",
+                  "spec.imexAuthentication"], True, id="unknown-spec"),
     pytest.param(state(), {**inputs(), "name": UNKNOWN}, True, ["name"], True, id="unknown-name"),
     pytest.param(state(), {**inputs(), "labels": {"a": UNKNOWN}}, True, [], None, id="unknown-label"),
 ]
