@@ -112,13 +112,19 @@ def previous() -> tuple[str, str, Path]:
 def rack(previous: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory,
          ) -> Iterator[tuple[ControlPlane, Client, Path]]:
     """A simulated rack whose nodes run the previous release's agent image from its own virtualenv."""
+    yield from _on_previous_release(previous, tmp_path_factory, first_rack=RACK, nodes=2, prefix="nvlupg-")
+
+
+def _on_previous_release(previous: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory, **rack: Any,
+                         ) -> Iterator[tuple[ControlPlane, Client, Path]]:
+    """Simulated racks whose nodes run the previous release's agent image from a venv of its wheel
+    with its `node` extra (and the venv)."""
     version, _, wheel = previous
     node_venv = tmp_path_factory.mktemp("previous-node") / "venv"
     installed.venv(node_venv, "node", wheel)
     old_image = {f"{names.AGENT_IMAGE_REPOSITORY}:{version}": ImageProgram(
         entrypoint=[str(node_venv / "bin" / "python"), "-m", "nvlfabric"])}
-    with simulated_rack(ports=free_ports(), first_rack=RACK, nodes=2, field_manager="upgrade-test",
-                        prefix="nvlupg-", images=old_image) as (cp, client):
+    with simulated_rack(ports=free_ports(), field_manager="upgrade-test", images=old_image, **rack) as (cp, client):
         yield cp, client, node_venv
 
 
@@ -271,14 +277,8 @@ FLEET_NODES = 16  # stacks/dev's 23 pods of 4 GPUs: 7 of single-rack jobs plus 8
 def fleet(previous: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory,
           ) -> Iterator[tuple[ControlPlane, Client, Path]]:
     """Two simulated racks for stacks/dev, their nodes on the previous release's agent image."""
-    version, _, wheel = previous
-    node_venv = tmp_path_factory.mktemp("previous-fleet") / "venv"
-    installed.venv(node_venv, "node", wheel)
-    old_image = {f"{names.AGENT_IMAGE_REPOSITORY}:{version}": ImageProgram(
-        entrypoint=[str(node_venv / "bin" / "python"), "-m", "nvlfabric"])}
-    with simulated_rack(ports=free_ports(), first_rack=FLEET, racks=2, nodes=FLEET_NODES,
-                        field_manager="upgrade-test", prefix="nvlupf-", images=old_image) as (cp, client):
-        yield cp, client, node_venv
+    yield from _on_previous_release(previous, tmp_path_factory, first_rack=FLEET, racks=2, nodes=FLEET_NODES,
+                                    prefix="nvlupf-")
 
 
 @pytest.mark.timeout(1800)
