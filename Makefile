@@ -34,6 +34,10 @@ tools:
 
 # The C stand-ins for NVIDIA's closed parts (NVML library, IMEX daemon and ctl); seconds to build.
 nvml:
+	@# The IMEX stand-in's TLS (nvlfabric/sim/imex) links OpenSSL 3: its headers from Debian's libssl-dev.
+	@test -f /usr/include/openssl/ssl.h || { echo "[nvml] installing libssl-dev (OpenSSL headers for the IMEX stand-in)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libssl-dev >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libssl-dev >/dev/null; }; }
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/nvml OUT=$(abspath build/nvml)
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/imex OUT=$(abspath build/imex)
 
