@@ -59,14 +59,18 @@ imports: venv
 
 check: lint typecheck imports
 
+# ADDONS=jobset: the simulator also runs those controllers (nvlfabric/sim/addons.py), and
+# stacks/dev then declares a JobSet-bound job too.
+ADDONS ?=
+
 sim-up: tools venv bytecode
-	@$(VENV)/bin/nvlfabric-sim up
+	@$(VENV)/bin/nvlfabric-sim up $(if $(ADDONS),--addons $(ADDONS))
 
 sim-down: venv
 	@$(VENV)/bin/nvlfabric-sim down
 
 demo: tools venv bytecode nvml
-	@$(VPY) stacks/demo.py up
+	@$(VPY) stacks/demo.py up $(if $(ADDONS),--addons $(ADDONS))
 
 demo-down: venv
 	@$(VPY) stacks/demo.py down

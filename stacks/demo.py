@@ -26,6 +26,7 @@ from lightkube.resources.resource_v1 import DeviceClass
 
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, WORKLOAD_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.sim import addons
 from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import REPO, ToolsMissing, default_state_dir, load_tools
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("--state-dir", type=Path, default=None)
+    ap.add_argument("--addons", default="", help="controllers the simulator runs too (nvlfabric-sim up --addons); "
+                                                 "with jobset, stacks/dev declares a JobSet-bound job")
     args = ap.parse_args(argv)
     state_dir = (args.state_dir or default_state_dir()).resolve()
     cp = ControlPlane(state_dir=state_dir, progress=say)
@@ -187,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if saved is not None:
         cp.ports = saved.ports
     try:
+        cp.addons = addons.parse(args.addons)
         up(cp) if args.action == "up" else down(cp)
-    except (ControlPlaneError, ToolsMissing) as exc:
+    except (ControlPlaneError, ToolsMissing, ValueError) as exc:
         print(f"demo {args.action}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -23,7 +23,10 @@ The workload's shape (`kind`):
 - `LeaderWorkerSet` (leaderworkerset.x-k8s.io/v1): one group of `parallelism` pods, the leader
   from the same template.
 JobSet and LeaderWorkerSet need their controllers in the cluster (they are not part of
-Kubernetes, nor of the simulator); the component creates the object with the binding inside.
+Kubernetes); the component creates the object with the binding inside, and at preview asks the
+cluster whether it serves the kind (`cluster_serves`): where it does not, a warning, and `up`
+stops. A JobSet's `max_restarts` is its failure policy: all its Jobs recreated, the new pods on
+the same claims (and so the same cliques and channels).
 
 Over a MultiClique ComputeDomain (`placement.cliques: K`) the job is K groups of parallelism / K
 pods, group g's pods using the domain's claim g: K Indexed Jobs or StatefulSets `<name>-<g>`, or
@@ -97,7 +100,7 @@ from nvlfabric.components import capacity, program
 from nvlfabric.components._args import ComponentArgsError, validate
 from nvlfabric.components._args import labels as nvl_labels
 from nvlfabric.components.computedomain import ComputeDomain
-from nvlfabric.provider import kube, scheduling
+from nvlfabric.provider import discovery, kube, scheduling
 from nvlfabric.provider.scheduling import WorkloadApis
 
 CLAIM_REF: Final = "channel"
@@ -120,6 +123,13 @@ BATCH_KINDS: Final = ("Job", "JobSet")
 JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
 LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
 JOBSET_REPLICATED_JOB: Final = "workers"
+#: The kinds whose controllers are not part of Kubernetes: their API, resource, project and the
+#: simulator's addon that runs them (`nvlfabric-sim up --addons ...`; None: none yet).
+CONTROLLED_KINDS: Final[dict[str, tuple[str, str, str, str | None]]] = {
+    "JobSet": (JOBSET_API, "jobsets", "JobSet (https://jobset.sigs.k8s.io)", "jobset"),
+    "LeaderWorkerSet": (LWS_API, "leaderworkersets", "LeaderWorkerSet (https://lws.sigs.k8s.io)", None),
+}
+MAX_JOBSET_RESTARTS: Final = 1000
 #: Where each kind keeps a pod's index, read into the rank through the downward API. A JobSet's
 #: one replicated Job has one replica, so its pods' completion indexes are already global ranks.
 RANK_FIELD: Final[dict[str, str]] = {
@@ -152,6 +162,11 @@ class BoundJobArgs(BaseModel):
                                                  "(GPUs allocated by another DRA driver). Without GPU requests "
                                                  "nothing spreads the pods over nodes: a domain's numNodes may "
                                                  "then never be reached")
+    max_restarts: int = Field(0, ge=0, le=MAX_JOBSET_RESTARTS,
+                              description="JobSet only: how often JobSet recreates all its Jobs after one fails "
+                                          "(its failurePolicy, each old pod gone before the new ones start); the "
+                                          "ComputeDomain, its claims and channels stay, and the new pods join the "
+                                          "same IMEX domain (default 0: the first failure fails the JobSet)")
     wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
                                           "until every pod is ready")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")
@@ -231,6 +246,9 @@ class BoundJobArgs(BaseModel):
             raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Never or OnFailure")
         if self.kind not in BATCH_KINDS and restart not in (None, "Always"):
             raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Always (or unset)")
+        if self.kind != "JobSet" and self.max_restarts:
+            raise ValueError(f"max_restarts applies to JobSet (its failurePolicy), not {self.kind}: leave it unset"
+                             + (" (a Job's pods are not retried: its backoffLimit is 0)" if self.kind == "Job" else ""))
         if self.kind not in BATCH_KINDS and self.completions is not None:
             raise ValueError(f"completions applies to Job and JobSet, not {self.kind}: leave it unset")
         if self.completions is not None and self.completions < self.parallelism:
@@ -443,6 +461,20 @@ def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
             "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
 
 
+def _jobset_spec(args: BoundJobArgs) -> dict[str, Any]:
+    """A JobSet's spec but its replicated Jobs: its network and, with max_restarts, its failure policy."""
+    # JobSet makes the headless Service itself; spelled out, so that master_address() does not
+    # depend on JobSet's defaults (subdomain = the JobSet's name, DNS hostnames on).
+    spec: dict[str, Any] = {"network": {"enableDNSHostnames": True, "subdomain": args.name,
+                                        "publishNotReadyAddresses": True}}
+    if args.max_restarts:
+        # BlockingRecreate: the new Jobs wait until every old pod is gone. Under Recreate the new
+        # pods would be created while the old ones still hold their nodes' GPUs and their places
+        # on the channel claim, and wait behind them unschedulable.
+        spec["failurePolicy"] = {"maxRestarts": args.max_restarts, "restartStrategy": "BlockingRecreate"}
+    return spec
+
+
 def pod_group_name(args: BoundJobArgs, group: int) -> str:
     """The PodGroup of clique group `group`: the job's own name over one clique, else `<name>-<g>`."""
     return args.name if args.clique_groups == 1 else f"{args.name}-{group}"
@@ -540,12 +572,9 @@ def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, do
     if args.kind == "JobSet":
         annotations["pulumi.com/waitFor"] = \
             "jsonpath={.status.replicatedJobsStatus[0].ready}=1" if args.wait else "jsonpath={.metadata.uid}"
-        # JobSet makes the headless Service itself; spelled out, so that master_address() does not
-        # depend on JobSet's defaults (subdomain = the JobSet's name, DNS hostnames on).
-        network = {"enableDNSHostnames": True, "subdomain": args.name, "publishNotReadyAddresses": True}
         return [{"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": {
-            "network": network, "replicatedJobs": [{"name": JOBSET_REPLICATED_JOB, "replicas": 1,
-                                                    "template": {"spec": _job_spec(args, tpl)}}]}}]
+            **_jobset_spec(args), "replicatedJobs": [{"name": JOBSET_REPLICATED_JOB, "replicas": 1,
+                                                      "template": {"spec": _job_spec(args, tpl)}}]}}]
     annotations["pulumi.com/waitFor"] = "condition=Available" if args.wait else "jsonpath={.metadata.uid}"
     return [{"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta, "spec": {
         "replicas": 1, "startupPolicy": "LeaderCreated",
@@ -580,12 +609,11 @@ def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], d
         return m
 
     if args.kind == "JobSet":
-        network = {"enableDNSHostnames": True, "subdomain": args.name, "publishNotReadyAddresses": True}
         wait = "jsonpath={.metadata.uid}"
         if args.wait:
             wait = f"jsonpath={{.status.replicatedJobsStatus[{len(claims) - 1}].ready}}=1"
         return [{"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta(args.name, wait), "spec": {
-            "network": network, "replicatedJobs": [
+            **_jobset_spec(args), "replicatedJobs": [
                 {"name": f"{JOBSET_REPLICATED_JOB}-{g}", "replicas": 1, "template": {"spec": _job_spec(args, tpl)}}
                 for g, tpl in enumerate(templates)]}}]
     out = [_headless_service(args, namespace=namespace, labels=labels, selector=selector)]
@@ -626,7 +654,8 @@ class BoundJob(pulumi.ComponentResource):
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
-                 wait: bool = False, labels: dict[str, str] | None = None, reservation_gate: bool | None = None,
+                 max_restarts: int = 0, wait: bool = False, labels: dict[str, str] | None = None,
+                 reservation_gate: bool | None = None,
                  master_port: int = DEFAULT_MASTER_PORT, scheduler: Scheduler = "auto",
                  gpu_container: str | None = None, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
@@ -634,7 +663,8 @@ class BoundJob(pulumi.ComponentResource):
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
-            "gpu_resource": gpu_resource, "wait": wait, "labels": labels or {}, "reservation_gate": reservation_gate,
+            "gpu_resource": gpu_resource, "max_restarts": max_restarts, "wait": wait, "labels": labels or {},
+            "reservation_gate": reservation_gate,
             "master_port": master_port, "scheduler": scheduler, "gpu_container": gpu_container,
             "clique_groups": groups,  # an unknown keyword is named with the valid ones
             "backend": compute_domain.backend if isinstance(compute_domain, ComputeDomain) else Backend.NVLFABRIC},
@@ -650,7 +680,12 @@ class BoundJob(pulumi.ComponentResource):
         program.take("workload", compute_domain.namespace, self.args.name, component="BoundJob",
                      resource_name=resource_name)
         program.workload_tolerations(resource_name, list(self.args.pod_template["spec"].get("tolerations") or []))
+        unserved = self._unserved(compute_domain.namespace, opts)
+        if unserved and not pulumi.runtime.is_dry_run():
+            raise ComponentArgsError(f"BoundJob {resource_name!r}: invalid arguments\n  {unserved}")
         super().__init__("nvlfabric:index:BoundJob", resource_name, None, opts)
+        if unserved:
+            pulumi.log.warn(f"{unserved}; `pulumi up` stops here until it is", resource=self)
         # (An NVIDIA domain's job bigger than one clique spreads as kube-scheduler finds room.)
         short = None if not self.args.one_clique else capacity.shortfall(
             self.args.name, groups=self.args.clique_groups, pods_per_group=self.args.group_size,
@@ -710,6 +745,18 @@ class BoundJob(pulumi.ComponentResource):
                                "pods": self.pods, "scheduler": self.scheduler,
                                "claim_name": self.claim_name})
 
+    def _unserved(self, namespace: str, opts: pulumi.ResourceOptions | None) -> str:
+        """Why this kind cannot be created on the program's cluster (its CRD is not installed), or
+        "". Not asked when the component was told what to wait for: that may be what installs it."""
+        kind = self.args.kind
+        if kind not in CONTROLLED_KINDS or (opts is not None and opts.depends_on) or cluster_serves(
+                kind, namespace) is not False:
+            return ""
+        api, _, project, addon = CONTROLLED_KINDS[kind]
+        sim = f"; on nvlfabric's simulator: `nvlfabric-sim up --addons {addon}`" if addon else ""
+        return (f"kind: {kind!r}, but the cluster serves no {api} {kind}: install {project} and its controller "
+                f"first{sim}, or pass opts=ResourceOptions(depends_on=[...]) with what installs it in this program")
+
     def _workload_apis(self, resource_name: str, namespace: str) -> WorkloadApis | None:
         """Whether Kubernetes schedules this job (its apiVersions) or nvlfabric's controller does
         (None), from `scheduler` and, unless told, what the cluster offers at preview."""
@@ -744,6 +791,24 @@ class BoundJob(pulumi.ComponentResource):
         return found
 
 
+def cluster_serves(kind: WorkloadKind, namespace: str = "default") -> bool | None:
+    """Whether the program's cluster (`kubernetes:kubeconfig`, else $KUBECONFIG) serves `kind`:
+    Job and StatefulSet always; JobSet and LeaderWorkerSet once their CRDs are installed. None:
+    the cluster could not be read. A stack can declare a JobSet-bound job only where JobSet runs."""
+    if kind not in CONTROLLED_KINDS:
+        return True
+    source = kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig"))
+    if (source, namespace, kind) not in _served:
+        api, plural, _, _ = CONTROLLED_KINDS[kind]
+        try:
+            client = kube.client(source)
+        except Exception:  # no kubeconfig to read: nothing to say
+            return None
+        _served[source, namespace, kind] = discovery.served(client, api, kind, plural, namespace)
+    return _served[source, namespace, kind]
+
+
+_served: dict[tuple[str, str, str], bool | None] = {}
 SCHEDULING_KINDS: Final = ("Workload", "CompositePodGroup", "PodGroup")
 _probes: dict[tuple[str, str], WorkloadApis | None] = {}
 

@@ -19,6 +19,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 
 from nvlfabric.api.names import CLIQUE_LABEL, SCHEDULING_API_GROUP, WORKLOAD_API_VERSIONS
 from nvlfabric.kube.errors import api_call
+from nvlfabric.provider.discovery import served
 
 KINDS = {"workloads": "Workload", "podgroups": "PodGroup", "compositepodgroups": "CompositePodGroup"}
 PROBE_NAME = "nvlfabric-probe"
@@ -41,12 +42,8 @@ class WorkloadApis:
 
 def _served_version(client: Client, plural: str, namespace: str) -> str | None:
     for version in WORKLOAD_API_VERSIONS:
-        res = create_namespaced_resource(SCHEDULING_API_GROUP, version, KINDS[plural], plural)
-        try:
-            next(iter(client.list(res, namespace=namespace, chunk_size=1)), None)
-        except Exception:  # 404: not served in this version (or not at all)
-            continue
-        return f"{SCHEDULING_API_GROUP}/{version}"
+        if served(client, f"{SCHEDULING_API_GROUP}/{version}", KINDS[plural], plural, namespace):
+            return f"{SCHEDULING_API_GROUP}/{version}"
     return None
 
 

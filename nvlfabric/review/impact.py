@@ -127,8 +127,10 @@ def _pods_and_gpus(kind: str, inputs: Mapping[str, Any]) -> tuple[int, int]:
     elif kind == "JobSet":
         jobs = spec.get("replicatedJobs") or [{}]
         job = (jobs[0].get("template") or {}).get("spec") or {}
-        pods, tpl = sum((j.get("template") or {}).get("spec", {}).get("parallelism") or 1 for j in jobs), \
-            job.get("template") or {}
+        # Each replicated Job is `replicas` Jobs of `parallelism` pods (BoundJob's: one Job per group).
+        pods = sum((j.get("replicas") or 1) * ((j.get("template") or {}).get("spec", {}).get("parallelism") or 1)
+                   for j in jobs)
+        tpl = job.get("template") or {}
     else:
         lwt = spec.get("leaderWorkerTemplate") or {}
         pods, tpl = lwt.get("size") or 1, lwt.get("workerTemplate") or {}

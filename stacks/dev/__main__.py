@@ -4,11 +4,17 @@ The driver install, the simulator's racks, three single-rack ComputeDomains with
 each, and one job across both racks: a MultiClique domain of two clique groups with one BoundJob of
 16 pods, 8 per rack. Each group's pods share their rack's channel of the domain; nvlfabric's
 controller places every group where all its pods fit, without any affinity written here.
+
+Where JobSet runs (`make demo ADDONS=jobset`, or `nvlfabric-sim up --addons jobset`), one more job
+over both racks is a JobSet: 4 pods, a replicated Job per rack, recreated whole up to 3 times if
+one of its pods fails (JobSet's failure policy), on the same domain, cliques and channels (all of
+stacks/dev's jobs then take 27 nodes: each rack has room for its share however the single-rack
+jobs land).
 """
 
 import pulumi
 
-from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, cluster_serves
 
 config = pulumi.Config()
 racks = config.get_int("racks") or 2
@@ -50,6 +56,17 @@ jobs["multirack"] = BoundJob("multirack", compute_domain=multirack, parallelism=
                     "command": ["torchrun", "--nnodes=$(NVLFABRIC_WORLD_SIZE)", "--node-rank=$(NVLFABRIC_RANK)",
                                 "--master-addr=$(NVLFABRIC_MASTER_ADDR)", "train.py"]}]}})
 domains["multirack"] = multirack
+
+if cluster_serves("JobSet", namespace):  # JobSet's CRD and controller are installed
+    jobset = ComputeDomain("jobset", namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]),
+                           spec={"numNodes": 4, "placement": {"scope": "MultiClique", "cliques": 2}})
+    jobs["jobset"] = BoundJob("jobset", kind="JobSet", compute_domain=jobset, parallelism=4, max_restarts=3,
+                              pod_template={"spec": {"containers": [{
+                                  "name": "trainer", "image": "registry.invalid/nvlfabric/train:dev",
+                                  "command": ["torchrun", "--nnodes=$(NVLFABRIC_WORLD_SIZE)",
+                                              "--node-rank=$(NVLFABRIC_RANK)",
+                                              "--master-addr=$(NVLFABRIC_MASTER_ADDR)", "train.py"]}]}})
+    domains["jobset"] = jobset
 
 pulumi.export("device_class", driver.device_class)
 pulumi.export("rack_gpus", {n: r.gpus for n, r in rack_components.items()})

@@ -152,6 +152,38 @@ def test_an_observed_rack_patches_only_the_nodes_that_exist(cluster: Cluster, mo
         delete_nodes(cluster.client, [real])
 
 
+@pytest.mark.cluster
+@pytest.mark.parametrize("preview", [True, False])
+def test_a_jobset_where_the_cluster_serves_no_jobset_warns_at_preview_and_stops_up(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, preview: bool) -> None:
+    """The shared test cluster has no JobSet CRD: `preview` warns naming the kind, the API and how
+    to install it; `up` stops before creating anything of the job; told what installs JobSet
+    (depends_on), the component trusts it."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setattr(workload, "_served", {})
+    pulumi.runtime.set_mocks(_Mocks(), preview=preview)
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))
+    cd = ComputeDomain("cd")
+    words = ("kind: 'JobSet', but the cluster serves no jobset.x-k8s.io/v1alpha2 JobSet: install JobSet "
+             "(https://jobset.sigs.k8s.io) and its controller first; on nvlfabric's simulator: "
+             "`nvlfabric-sim up --addons jobset`, or pass opts=ResourceOptions(depends_on=[...])")
+    if preview:
+        BoundJob("train", kind="JobSet", compute_domain=cd, pod_template={"spec": {"containers": [CONTAINER]}})
+        assert any(words in w and "`pulumi up` stops here" in w for w in warned), warned
+    else:
+        msg = _refused(BoundJob, "train", kind="JobSet", compute_domain=cd,
+                       pod_template={"spec": {"containers": [CONTAINER]}})
+        assert msg.startswith("BoundJob 'train': invalid arguments\n  kind: 'JobSet'") and words in msg, msg
+    program.reset()
+    warned.clear()
+    installer = pulumi.CustomResource("test:index:JobSetInstall", "jobset-install")
+    BoundJob("told", kind="JobSet", compute_domain=ComputeDomain("cd2"),
+             pod_template={"spec": {"containers": [CONTAINER]}}, opts=pulumi.ResourceOptions(depends_on=[installer]))
+    assert not [w for w in warned if "serves no" in w]
+    assert workload.cluster_serves("Job") is True and workload.cluster_serves("JobSet") is False
+
+
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4))
 json_value = st.recursive(json_leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["name", "image", "limits", "claims", "x"]), inner,

@@ -249,6 +249,17 @@ def test_the_pods_get_stable_dns_names_under_a_headless_service() -> None:
     assert js[0]["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "train",
                                         "publishNotReadyAddresses": True}
     assert js[0]["spec"]["replicatedJobs"][0]["name"] == "workers"  # the name rank 0's address is built from
+    assert "failurePolicy" not in js[0]["spec"]  # unchanged from 0.1.0's shape: no restarts by default
+
+
+def test_a_jobset_with_max_restarts_is_recreated_whole_each_old_pod_gone_first() -> None:
+    js = job_manifest(BoundJobArgs(name="train", kind="JobSet", pod_template=TEMPLATE, max_restarts=2),
+                      namespace="ml", claim_name="c", domain="cd")
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 2, "restartStrategy": "BlockingRecreate"}
+    with pytest.raises(ValueError, match=r"max_restarts applies to JobSet .*not Job: leave it unset .*backoffLimit"):
+        BoundJobArgs(name="train", pod_template=TEMPLATE, max_restarts=1)
+    with pytest.raises(ValueError, match=r"max_restarts applies to JobSet .*not StatefulSet"):
+        BoundJobArgs(name="train", kind="StatefulSet", pod_template=TEMPLATE, max_restarts=1)
 
 
 def test_a_variable_the_user_set_wins_and_may_refer_to_the_injected_ones() -> None:
