@@ -121,7 +121,8 @@ def test_same_named_domains_of_two_teams_keep_their_channels_nodes_and_reservati
         rec = edits(t.cp.state_dir, node, "train-0", namespace=ns)
         assert rec["deviceNodes"] == [{"path": f"/dev/nvidia-caps-imex-channels/channel{status['channel']}",
                                        "type": "c", "major": 507, "minor": status["channel"]}], rec
-    reserved = {ns: [r.uid for r in t.admin.get(ResourceClaim, claim, namespace=ns).status.reservedFor or []]
+    reserved = {ns: [r.uid for r in t.admin.get(ResourceClaim, claim, namespace=ns).status.reservedFor or []
+                     if r.resource == "pods"]
                 for ns, claim in ((t.a, claim_a), (t.b, claim_b))}
     assert reserved == {t.a: [pod_a.metadata.uid], t.b: [pod_b.metadata.uid]}
 

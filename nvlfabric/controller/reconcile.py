@@ -153,6 +153,12 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
         was_ready = previous in (api.Phase.READY, api.Phase.DEGRADED)
         phase = api.Phase.DEGRADED if was_ready else api.Phase.ALLOCATING
         reason = "MemberNotReady" if was_ready else "MembersJoining"
+        if was_ready and not nodes:
+            # Every member left, and the domain holds its channels (reservations.py): a workload
+            # that finished, or one recreating its pods (a JobSet restart), which come back here.
+            reason = "NoMembers"
+            message = ("no member pod runs; the domain keeps its clique and channel for the next ones (its "
+                       "workload finished, or is recreating its pods)")
     cond = api.condition("Ready", api.ConditionStatus.TRUE if phase == api.Phase.READY else api.ConditionStatus.FALSE,
                          reason, message, generation=generation, now=now)
     old = next((c for c in status.conditions if c.type == "Ready"), None)

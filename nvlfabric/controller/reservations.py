@@ -37,6 +37,17 @@ about to be deallocated.
 
 Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
 
+A claim of a ComputeDomain is also reserved for the domain itself (`api.hold_consumer`, added with
+the first reservation written here, or alone once the scheduler has reserved the first pod): the
+resourceclaim controller deallocates a claim whose last consumer went, and without the hold a
+workload that recreates all its pods (a JobSet restart, an LWS group restart) lost its channel and
+clique between its old pods and its new ones. The hold keeps the allocation while the domain and
+claim exist, so the new pods are reserved on the same claim, land in the same clique and get the
+same channel. It gives way to pods (a claim's 256 consumers are the pods' first: a 256-pod group
+has none) and to deletion: a claim being deleted has it released, here and by the provider's
+delete (nvlfabric/provider/computedomain.py). It holds a channel, not GPUs: a restarted group
+whose nodes another job took meanwhile waits for room in its clique.
+
 Pods Kubernetes schedules as a gang (`spec.schedulingGroup`, BoundJob's `scheduler: kubernetes`)
 are not reserved or placed here: their claims are reserved for their PodGroup and kube-scheduler
 places the group. Such a pod carries the gate only when it is in a multi-clique job, for its rank:
@@ -151,6 +162,10 @@ class ClaimState:
     groups: int = 1  # CLIQUE_GROUPS_ANNOTATION: how many claims the job has (MultiClique)
     pinned: str | None = None  # the clique its selector pins (a domain's placement.clique)
     imex_mode: str = ""  # its channel config's imexMode ("" when it has none)
+    domain: tuple[str, str] | None = None  # (name, uid) of the ComputeDomain that owns it
+    hold_at: int | None = None  # index in reservedFor of the domain's hold on it (api.hold_consumer)
+    pod_groups: bool = False  # reserved for a Kubernetes PodGroup, which holds it already
+    terminating: bool = False  # being deleted
 
 
 def pending_pod(pod: Mapping[str, Any]) -> PendingPod | None:
@@ -208,10 +223,16 @@ def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
     # Our channel config always names its imexMode (nvlfabric/api/channelconfig.py); "": not ours.
     modes = [str(((c.get("opaque") or {}).get("parameters") or {}).get("imexMode", ""))
              for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
+    consumers = status.get("reservedFor") or []
+    owner = next(((o.get("name", ""), o.get("uid", "")) for o in meta.get("ownerReferences") or []
+                  if o.get("kind") == api.KIND and o.get("apiVersion") == api.API_VERSION and o.get("uid")), None)
     return ClaimState(uid=meta.get("uid", ""), job=(meta.get("labels") or {}).get(COMPUTE_DOMAIN_LABEL, ""),
+                      domain=owner, terminating=bool(meta.get("deletionTimestamp")),
+                      hold_at=next((i for i, c in enumerate(consumers) if api.is_hold(c)), None),
+                      pod_groups=any(c.get("resource") == "podgroups" for c in consumers),
                       groups=groups, pinned=next((p for e in cel if (p := names.pinned_clique_of(e))), None),
                       imex_mode=modes[0] if modes else "",
-                      reserved=tuple(r["uid"] for r in status.get("reservedFor") or []),
+                      reserved=tuple(r["uid"] for r in consumers),
                       allocated=allocation is not None, ours=bool(ours),
                       clique=names.clique_of_pool(ours[0].get("pool", "")) if ours else None)
 
@@ -253,12 +274,31 @@ def releasable(pod: PendingPod, claims: Mapping[str, ClaimState], pioneer_of: fr
     return True
 
 
-def reservation_patch(claim_uid: str, pods: Sequence[PendingPod]) -> list[dict[str, Any]]:
+def reservation_patch(claim_uid: str, pods: Sequence[PendingPod], *, hold: Mapping[str, str] | None = None,
+                      release: tuple[int, str] | None = None) -> list[dict[str, Any]]:
     """A JSON patch of the claim's status appending `pods` to a non-empty `reservedFor`, applied
-    only while the claim still has `claim_uid`."""
-    return [{"op": "test", "path": "/metadata/uid", "value": claim_uid},
+    only while the claim still has `claim_uid`; first removing the domain's hold `release`
+    (its index and uid, tested), last appending the domain's hold `hold`."""
+    drop = [] if release is None else [{"op": "test", "path": f"/status/reservedFor/{release[0]}/uid",
+                                        "value": release[1]},
+                                       {"op": "remove", "path": f"/status/reservedFor/{release[0]}"}]
+    return [{"op": "test", "path": "/metadata/uid", "value": claim_uid}, *drop,
             *({"op": "add", "path": "/status/reservedFor/-",
-               "value": {"resource": "pods", "name": p.name, "uid": p.uid}} for p in pods)]
+               "value": {"resource": "pods", "name": p.name, "uid": p.uid}} for p in pods),
+            *([{"op": "add", "path": "/status/reservedFor/-", "value": dict(hold)}] if hold is not None else [])]
+
+
+def hold_change(claim: ClaimState, unreserved: int, adding: int) -> tuple[bool, bool]:
+    """Whether a reservation pass adds the domain's hold to the claim, or releases it (pure):
+    added to a claim of a domain that is in use (reservedFor not empty), not being deleted, not
+    held by a PodGroup, when every waiting user fits beside it; released when the claim is being
+    deleted, or when a waiting pod needs its place (a claim's 256 consumers are the pods first).
+    `unreserved`: users waiting for a place; `adding`: those this pass reserves."""
+    if claim.hold_at is not None:
+        return False, claim.terminating or len(claim.reserved) + unreserved > MAX_RESERVED
+    fits = adding == unreserved and len(claim.reserved) + adding < MAX_RESERVED
+    return (claim.domain is not None and bool(claim.reserved) and not claim.terminating and not claim.pod_groups
+            and fits), False
 
 
 UNGATE_PATCH: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": RESERVATION_GATE}]}}
@@ -477,15 +517,23 @@ class Reserver:
                 claim = self._claims.get(key)
                 if claim is None or not claim.ours or not claim.reserved:
                     return
-                pods = to_reserve(namespace, name, claim.reserved, self._users(key))
-                if not pods:
+                users = self._users(key)
+                unreserved = len({p.uid for p in users if p.uid not in claim.reserved})
+                _, release = hold_change(claim, unreserved, 0)
+                pods = to_reserve(namespace, name, claim.reserved, users, limit=MAX_RESERVED + release)
+                add, _ = hold_change(claim, unreserved, len(pods))
+                hold = api.hold_consumer(*claim.domain) if add and claim.domain else None
+                dropped = (claim.hold_at, claim.reserved[claim.hold_at]) \
+                    if release and claim.hold_at is not None else None
+                if not pods and hold is None and dropped is None:
                     return
                 # Expected from the watch before the write is sent: its event may come before the answer.
                 now = time.monotonic()
                 self._unseen.setdefault(key, {}).update((p.uid, now) for p in pods)
             try:
                 with api_call(f"reserve claim {namespace}/{name} for {len(pods)} pods"):
-                    out = self.client.patch(ResourceClaim.Status, name, reservation_patch(claim.uid, pods),
+                    out = self.client.patch(ResourceClaim.Status, name,
+                                            reservation_patch(claim.uid, pods, hold=hold, release=dropped),
                                             namespace=namespace, patch_type=PatchType.JSON)
             except errors.ApiStatusError as exc:
                 with self._lock:
@@ -501,7 +549,15 @@ class Reserver:
             with self._lock:
                 self.patches += 1
                 self.reserved += len(pods)
-            log.info("claim %s/%s: reserved for %d pending pods ahead of the scheduler", namespace, name, len(pods))
+            if pods:
+                log.info("claim %s/%s: reserved for %d pending pods ahead of the scheduler", namespace, name,
+                         len(pods))
+            if hold is not None:
+                log.info("claim %s/%s: held for its ComputeDomain %s (channel and clique kept while it exists)",
+                         namespace, name, hold["name"])
+            if dropped is not None:
+                log.info("claim %s/%s: released its ComputeDomain's hold (%s)", namespace, name,
+                         "the claim is being deleted" if claim.terminating else "a pod needs its place")
             return
 
     # -- placement -------------------------------------------------------------------------------

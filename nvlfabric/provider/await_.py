@@ -271,7 +271,7 @@ def describe_claim(s: Snapshot) -> str:
     if not results:
         return f"{ref} not allocated yet (no pod that uses it has been scheduled)"
     devices = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results)
-    users = len(_get(claim, "status", "reservedFor") or [])
+    users = sum(1 for c in _get(claim, "status", "reservedFor") or [] if c.get("resource") == "pods")
     return f"{ref} allocated ({devices}), reserved for {users} pod{'s' if users != 1 else ''}"
 
 

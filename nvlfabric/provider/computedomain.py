@@ -397,6 +397,21 @@ def channel_claim(cd_name: str, namespace: str, uid: str, spec: ComputeDomainSpe
     }
 
 
+def _release_hold(client: Client, claim_name: str, ns: str) -> None:
+    """Take the domain's hold off its claim, now being deleted (api.hold_consumer), so that the
+    claim is deallocated and goes without waiting for the controller to do the same. Best effort:
+    a claim already gone, changed meanwhile or not ours to patch is left to the controller."""
+    claim = _get(client, ResourceClaim, claim_name, ns)
+    patch = api.release_hold_patch(dict(claim)) if claim is not None else None
+    if patch is None:
+        return
+    try:
+        with kube_errors.api_call(f"release the hold on ResourceClaim {ns}/{claim_name}"):
+            client.patch(ResourceClaim.Status, claim_name, patch, namespace=ns, patch_type=PatchType.JSON)
+    except api_errors.ApiStatusError as exc:
+        _progress(f"{exc}; the controller releases it")
+
+
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (obj or {}).get("metadata") or {}
 
@@ -641,6 +656,7 @@ class ComputeDomainProvider(ResourceProvider):
         for claim_name, c in [(snap.claim_name, claim), *others]:
             if c is not None:
                 _delete(client, ResourceClaim, claim_name, ns, action=f"delete ResourceClaim {ns}/{claim_name}")
+                _release_hold(client, claim_name, ns)
 
         def observe() -> Snapshot:
             return Snapshot(namespace=ns, name=name, claim_name=snap.claim_name, cd=_get(client, CD, name, ns),

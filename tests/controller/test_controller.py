@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +41,8 @@ from nvlfabric.controller.reservations import (
     ClaimState,
     PendingPod,
     Reserver,
+    claim_state,
+    hold_change,
     pending_pod,
     pioneer,
     releasable,
@@ -68,6 +71,9 @@ def status(*nodes: tuple[str, bool], phase: api.Phase | None = None) -> api.Comp
                  "2 of 2 nodes ready (numNodes 3)", id="fewer-than-numNodes"),
     pytest.param(api.ComputeDomainSpec(), status(("n1", True), ("n2", False), phase=api.Phase.READY), ("c.1", 5),
                  "Degraded", "1 of 2 nodes ready; node n2: IMEX daemon not ready", id="was-ready"),
+    # every member gone, the channel held (a JobSet restarting, or a job done): said so
+    pytest.param(api.ComputeDomainSpec(), status(phase=api.Phase.READY), ("c.1", 5), "Degraded",
+                 "no member pod runs; the domain keeps its clique and channel", id="members-gone-channel-held"),
 ])
 def test_phase_rules(spec: api.ComputeDomainSpec, st: api.ComputeDomainStatus, alloc: tuple[str, int] | None,
                      phase: str, message: str) -> None:
@@ -354,6 +360,70 @@ def test_reservation_adds_each_waiting_user_of_the_claim_once_and_never_overfill
     assert [op["value"]["uid"] for op in adds] == uids
 
 
+def _claim(reserved: list[dict[str, str]], *, deleting: bool = False, owner: bool = True) -> dict[str, Any]:
+    """A channel claim allocated from our pools, reserved for `reserved`."""
+    meta: dict[str, Any] = {"name": "cd-channel", "namespace": "default", "uid": "claim-uid",
+                            "labels": {names.COMPUTE_DOMAIN_LABEL: "cd"}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "cd", "uid": "cd-uid",
+                                    "controller": True}]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-03T12:00:00Z"
+    return {"metadata": meta, "status": {"reservedFor": reserved, "allocation": {"devices": {"results": [
+        {"driver": pools.DRIVER, "pool": "pool-x", "device": "channel-1", "request": "channel"}]}}}}
+
+
+POD_ENTRY = {"resource": "pods", "name": "p0", "uid": "p0-uid"}
+HOLD = api.hold_consumer("cd", "cd-uid")
+
+
+@given(reserved=st.integers(0, 256), unreserved=st.integers(0, 300), adding=st.integers(0, 300),
+       held=st.booleans(), deleting=st.booleans())
+def test_the_domains_hold_never_takes_a_place_a_pod_needs_and_goes_with_the_claim(
+        reserved: int, unreserved: int, adding: int, held: bool, deleting: bool) -> None:
+    entries = [{"resource": "pods", "name": f"p{i}", "uid": f"u{i}"} for i in range(reserved)]
+    if held and entries:
+        entries[0] = HOLD
+    claim = claim_state(_claim(entries, deleting=deleting), pools.DRIVER)
+    adding = min(adding, unreserved)
+    add, release = hold_change(claim, unreserved, adding)
+    assert not (add and release)
+    if claim.hold_at is not None:
+        assert not add
+        assert release == (deleting or reserved + unreserved > reservations.MAX_RESERVED)
+    else:
+        assert not release
+        # added only to a claim in use, with every waiting pod reserved and a place left beside them
+        assert add == (reserved > 0 and not deleting and adding == unreserved
+                       and reserved + adding < reservations.MAX_RESERVED)
+
+
+def test_a_claim_of_no_domain_or_of_a_pod_group_gets_no_hold() -> None:
+    assert hold_change(claim_state(_claim([POD_ENTRY], owner=False), pools.DRIVER), 0, 0) == (False, False)
+    group = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g", "uid": "g-uid"}
+    assert hold_change(claim_state(_claim([group]), pools.DRIVER), 0, 0) == (False, False)
+    assert hold_change(claim_state(_claim([POD_ENTRY]), pools.DRIVER), 0, 0) == (True, False)
+
+
+def test_the_hold_is_added_last_and_released_first_with_its_place_tested() -> None:
+    claim = claim_state(_claim([HOLD, POD_ENTRY]), pools.DRIVER)
+    assert claim.domain == ("cd", "cd-uid") and claim.hold_at == 0
+    pod = PendingPod("default", "p1", "p1-uid", frozenset({"cd-channel"}))
+    assert reservation_patch("claim-uid", [pod], hold=HOLD) == [
+        {"op": "test", "path": "/metadata/uid", "value": "claim-uid"},
+        {"op": "add", "path": "/status/reservedFor/-", "value": {"resource": "pods", "name": "p1", "uid": "p1-uid"}},
+        {"op": "add", "path": "/status/reservedFor/-", "value": HOLD}]
+    assert reservation_patch("claim-uid", [pod], release=(0, "cd-uid"))[:3] == [
+        {"op": "test", "path": "/metadata/uid", "value": "claim-uid"},
+        {"op": "test", "path": "/status/reservedFor/0/uid", "value": "cd-uid"},
+        {"op": "remove", "path": "/status/reservedFor/0"}]
+    assert api.release_hold_patch(_claim([POD_ENTRY, HOLD])) == [
+        {"op": "test", "path": "/metadata/uid", "value": "claim-uid"},
+        {"op": "test", "path": "/status/reservedFor/1/uid", "value": "cd-uid"},
+        {"op": "remove", "path": "/status/reservedFor/1"}]
+    assert api.release_hold_patch(_claim([POD_ENTRY])) is None
+
+
 @pytest.mark.cluster
 def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
         cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
@@ -368,9 +438,9 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
     def pod(name: str, where: str) -> Pod:
         return channel_pod(name, claim, where)
 
-    def reserved() -> list[str]:
+    def reserved() -> list[str]:  # the pods (the domain's hold aside)
         st = client.get(ResourceClaim, claim, namespace="default").status
-        return [r.name for r in (st.reservedFor or [])] if st else []
+        return [r.name for r in (st.reservedFor or []) if r.resource == "pods"] if st else []
 
     reserver = Reserver(client, pools.DRIVER, coalesce_s=0.05)
     stop = threading.Event()
@@ -405,6 +475,58 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
 
 
 @pytest.mark.cluster
+def test_a_claim_whose_pods_all_went_keeps_its_channel_for_its_domain_until_it_is_deleted(
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
+    """What a JobSet restart needs: with every pod of the domain gone, its claim stays allocated
+    (reserved for the domain itself), so the next pod gets the same channel in the same clique;
+    deleting the claim releases the hold and the claim goes."""
+    client, (_, names_) = cluster.client, clique_nodes
+    Controller(client, channels_per_clique=4).reconcile_pools()
+    run = names_[0].split("-")[1]
+    domain = f"hold-{run}"
+    claim = provider_domain(client, domain)
+    uid = client.get(ComputeDomainResource, domain, namespace="default").metadata.uid
+
+    def consumers() -> list[tuple[str, str]]:
+        st = client.get(ResourceClaim, claim, namespace="default").status
+        return [(r.resource, r.name) for r in (st.reservedFor or [])] if st else []
+
+    def allocation() -> Any:
+        st = client.get(ResourceClaim, claim, namespace="default").status
+        return st.allocation.to_dict() if st and st.allocation else None
+
+    reserver = Reserver(client, pools.DRIVER, coalesce_s=0.05)
+    stop = threading.Event()
+    worker = threading.Thread(target=reserver.run, args=(stop.is_set,), daemon=True)
+    worker.start()
+    pods = [f"{domain}-a", f"{domain}-b"]
+    try:
+        client.create(channel_pod(pods[0], claim, run))
+        eventually("the claim to be held for its domain beside its pod", lambda: set(consumers()) == {
+            ("pods", pods[0]), ("computedomains", domain)} or None)
+        hold = next(r for r in client.get(ResourceClaim, claim, namespace="default").status.reservedFor
+                if r.resource == "computedomains")
+        assert (hold.apiGroup, hold.uid) == ("nvlfabric.io", uid)
+        first = allocation()
+        client.delete(Pod, pods[0], namespace="default", grace_period=0)
+        eventually("the pod's entry to go", lambda: consumers() == [("computedomains", domain)] or None)
+        time.sleep(2)  # kube-controller-manager deallocates at once what nothing reserves: not this one
+        assert allocation() == first
+        client.create(channel_pod(pods[1], claim, run))
+        eventually("the next pod to be bound", lambda: client.get(Pod, pods[1], namespace="default").spec.nodeName)
+        assert allocation() == first, "the next pod got another channel"
+
+        client.delete(Pod, pods[1], namespace="default", grace_period=0)
+        client.delete(ResourceClaim, claim, namespace="default")
+        eventually("the claim to go once the controller released the hold", lambda: not list(client.list(
+            ResourceClaim, namespace="default", fields={"metadata.name": claim})), timeout=30)
+    finally:
+        stop.set()
+        remove_domain(client, domain, claim, pods)
+        worker.join(timeout=5)
+
+
+@pytest.mark.cluster
 def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
         cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
     """BoundJob's pods carry the reservation gate: the controller lifts one (the pioneer, whose
@@ -435,7 +557,8 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
         eventually("every member to be bound", lambda: all(
             (p := client.get(Pod, n, namespace="default")).spec and p.spec.nodeName for n in members) or None)
         st = client.get(ResourceClaim, claim, namespace="default").status
-        assert st and sorted(r.name for r in st.reservedFor or []) == sorted(members)
+        assert st and sorted(r.name for r in st.reservedFor or [] if r.resource == "pods") == sorted(members)
+        assert [r.name for r in st.reservedFor or [] if r.resource != "pods"] == [f"gate-{run}"]  # its domain's hold
         assert reserver.ungated == len(members)
         assert reserver.reserved == len(members) - 1, "the pioneer reserves itself; the controller the rest"
         assert reserver.patches <= 3, f"{reserver.patches} writes for {len(members) - 1} reservations"
@@ -482,7 +605,8 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
         watch_shows_claim()
         reserver.pass_once()
         st = client.get(ResourceClaim, claim, namespace="default").status
-        assert st and {r.name for r in st.reservedFor or []} == {first, *gated}, "not reserved in the pass"
+        assert st and {r.name for r in st.reservedFor or [] if r.resource == "pods"} == {first, *gated}, \
+            "not reserved in the pass"
         assert all(gates(n) == [RESERVATION_GATE] for n in gated), "a gate lifted before the watch showed the claim"
 
         watch_shows_claim()

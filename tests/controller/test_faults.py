@@ -121,8 +121,9 @@ def gated(pod: Pod) -> bool:
 
 
 def reserved_for(client: Client, claim: str) -> list[tuple[str, str]]:
+    """The pods the claim is reserved for (its domain's hold aside)."""
     st = client.get(ResourceClaim, claim, namespace="default").status
-    return [(r.name, r.uid) for r in (st.reservedFor or [])] if st else []
+    return [(r.name, r.uid) for r in (st.reservedFor or []) if r.resource == "pods"] if st else []
 
 
 def remove_job(client: Client, job: str, domain: str, claim: str) -> None:
