@@ -14,7 +14,8 @@ jobs land).
 
 import pulumi
 
-from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, cluster_serves
+import nvlfabric.components
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver
 
 config = pulumi.Config()
 racks = config.get_int("racks") or 2
@@ -57,6 +58,8 @@ jobs["multirack"] = BoundJob("multirack", compute_domain=multirack, parallelism=
                                 "--master-addr=$(NVLFABRIC_MASTER_ADDR)", "train.py"]}]}})
 domains["multirack"] = multirack
 
+# (0.1.0 has no cluster_serves, and tests/test_upgrade.py runs this program on it: no JobSet there.)
+cluster_serves = getattr(nvlfabric.components, "cluster_serves", lambda kind, namespace: False)
 if cluster_serves("JobSet", namespace):  # JobSet's CRD and controller are installed
     jobset = ComputeDomain("jobset", namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]),
                            spec={"numNodes": 4, "placement": {"scope": "MultiClique", "cliques": 2}})
