@@ -48,6 +48,7 @@ PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
 # own requirement (see tools/pulumi-yaml/go.mod); a separate main module from the CLI's.
 PULUMI_YAML_VERSION = "v1.25.0"
 JOBSET_VERSION = "v0.10.1"
+LWS_VERSION = "v0.7.0"
 
 
 def cache_root() -> Path:
@@ -205,19 +206,25 @@ def pulumi_kubernetes_recipe(tool: Tool, out: Path) -> list[Step]:
     ]
 
 
-def jobset_recipe(tool: Tool, out: Path) -> list[Step]:
-    return [Step("go build jobset-manager", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o",
-                                             str(out / "jobset-manager"), tool.module], tool.wrapper)]
+def addon_recipe(package: str) -> Callable[[Tool, Path], list[Step]]:
+    """An addon's controller manager: its one binary, built from `package` of its module."""
+    def recipe(tool: Tool, out: Path) -> list[Step]:
+        binary = tool.binaries[0]
+        return [Step(f"go build {binary}", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / binary),
+                                           package], tool.wrapper)]
+    return recipe
 
 
-def addon_assemble(tool: Tool, out: Path) -> None:
-    """The controller's own manifests (CRDs, RBAC, webhooks: its module's config/components),
-    beside its binary: the simulator's addon installs them from there (nvlfabric/sim/addons.py)."""
-    src = module_dir(tool.module, tool.version, tool.wrapper) / "config" / "components"
-    dest = out / f"{tool.name}-config"
-    shutil.copytree(src, dest)
-    for path in [dest, *dest.rglob("*")]:
-        path.chmod(path.stat().st_mode | 0o200)
+def addon_assemble(config: str) -> Callable[[Tool, Path], None]:
+    """The controller's own manifests (CRDs, RBAC, webhooks: the kustomize base at `config` of its
+    module), beside its binary: the simulator's addon installs them from there (nvlfabric/sim/addons.py)."""
+    def assemble(tool: Tool, out: Path) -> None:
+        src = module_dir(tool.module, tool.version, tool.wrapper) / config
+        dest = out / f"{tool.name}-config"
+        shutil.copytree(src, dest)
+        for path in [dest, *dest.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    return assemble
 
 
 def module_dir(module: str, version: str, wrapper: Path) -> Path:
@@ -249,8 +256,12 @@ TOOLS: list[Tool] = [
          kubeletcheck_recipe),
     # JobSet's controller manager, for `nvlfabric-sim up --addons jobset`: its own wrapper, since it
     # builds on Kubernetes libraries 0.34 (the control plane is 1.37).
-    Tool("jobset", "sigs.k8s.io/jobset", JOBSET_VERSION, TOOLS_DIR / "jobset", ["jobset-manager"], jobset_recipe,
-         assemble=addon_assemble),
+    Tool("jobset", "sigs.k8s.io/jobset", JOBSET_VERSION, TOOLS_DIR / "jobset", ["jobset-manager"],
+         addon_recipe("sigs.k8s.io/jobset"), assemble=addon_assemble("config/components")),
+    # LeaderWorkerSet's, for `--addons lws`: Kubernetes libraries 0.33, its main package in cmd/,
+    # its kustomize base at config/.
+    Tool("lws", "sigs.k8s.io/lws", LWS_VERSION, TOOLS_DIR / "lws", ["lws-manager"], addon_recipe("sigs.k8s.io/lws/cmd"),
+         assemble=addon_assemble("config")),
 ]
 
 

@@ -124,10 +124,10 @@ JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
 LWS_API: Final = "leaderworkerset.x-k8s.io/v1"
 JOBSET_REPLICATED_JOB: Final = "workers"
 #: The kinds whose controllers are not part of Kubernetes: their API, resource, project and the
-#: simulator's addon that runs them (`nvlfabric-sim up --addons ...`; None: none yet).
-CONTROLLED_KINDS: Final[dict[str, tuple[str, str, str, str | None]]] = {
+#: simulator's addon that runs them (`nvlfabric-sim up --addons ...`).
+CONTROLLED_KINDS: Final[dict[str, tuple[str, str, str, str]]] = {
     "JobSet": (JOBSET_API, "jobsets", "JobSet (https://jobset.sigs.k8s.io)", "jobset"),
-    "LeaderWorkerSet": (LWS_API, "leaderworkersets", "LeaderWorkerSet (https://lws.sigs.k8s.io)", None),
+    "LeaderWorkerSet": (LWS_API, "leaderworkersets", "LeaderWorkerSet (https://lws.sigs.k8s.io)", "lws"),
 }
 MAX_JOBSET_RESTARTS: Final = 1000
 #: Where each kind keeps a pod's index, read into the rank through the downward API. A JobSet's
@@ -753,9 +753,9 @@ class BoundJob(pulumi.ComponentResource):
                 kind, namespace) is not False:
             return ""
         api, _, project, addon = CONTROLLED_KINDS[kind]
-        sim = f"; on nvlfabric's simulator: `nvlfabric-sim up --addons {addon}`" if addon else ""
         return (f"kind: {kind!r}, but the cluster serves no {api} {kind}: install {project} and its controller "
-                f"first{sim}, or pass opts=ResourceOptions(depends_on=[...]) with what installs it in this program")
+                f"first; on nvlfabric's simulator: `nvlfabric-sim up --addons {addon}`, or pass "
+                "opts=ResourceOptions(depends_on=[...]) with what installs it in this program")
 
     def _workload_apis(self, resource_name: str, namespace: str) -> WorkloadApis | None:
         """Whether Kubernetes schedules this job (its apiVersions) or nvlfabric's controller does

@@ -1,7 +1,7 @@
 """Controllers platform teams already run, started by the simulator on request
-(`nvlfabric-sim up --addons jobset`): the real ones, built from their Go modules by tools/build.py,
-with their own CRDs, RBAC and webhooks from their modules' `config/components` (copied beside the
-binary into the tools cache at build time).
+(`nvlfabric-sim up --addons jobset,lws`): the real ones (JobSet, LeaderWorkerSet), built from their Go
+modules by tools/build.py, with their own CRDs, RBAC and webhooks from their modules' kustomize
+config (copied beside the binary into the tools cache at build time).
 
 How an addon runs here, as close to its Deployment as a local process gets:
 - its CRDs, its ClusterRole and a ServiceAccount of its namespace bound to it; the process runs
@@ -43,11 +43,15 @@ class Addon:
     service_account: str
     service: str
     """The webhook Service's name (its DNS name is what the serving certificate carries)."""
+    config_api: str
+    """The apiVersion of its manager's Configuration file (the two share controller-runtime's shape)."""
 
 
 ADDONS: dict[str, Addon] = {
     "jobset": Addon("jobset", "jobset-manager", "jobset-system", "jobset-", "jobset-controller-manager",
-                    "jobset-webhook-service"),
+                    "jobset-webhook-service", "config.jobset.x-k8s.io/v1alpha1"),
+    "lws": Addon("lws", "lws-manager", "lws-system", "lws-", "lws-controller-manager", "lws-webhook-service",
+                 "config.lws.x-k8s.io/v1alpha1"),
 }
 
 
@@ -114,9 +118,10 @@ def kubeconfig(admin_kubeconfig: Path, token: str, user: str, out: Path) -> None
     out.chmod(0o600)
 
 
-def jobset_config(port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
-    """JobSet's Configuration (config.jobset.x-k8s.io/v1alpha1) for one local process."""
-    return {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+def manager_config(addon: Addon, port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
+    """The addon manager's Configuration for one local process: no leader election, no certificate
+    rotator (the serving certificate is the simulator's), webhooks and health on loopback."""
+    return {"apiVersion": addon.config_api, "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "webhook": {"port": port, "host": "127.0.0.1", "certDir": str(cert_dir)},
@@ -140,7 +145,7 @@ def prepare(addon: Addon, *, state_dir: Path, client: Client, binary: Path, webh
     config = binary.resolve().parent / f"{addon.name}-config"
     token = install(addon, client, config, webhook_port, (pki_dir / "ca.crt").read_bytes())
     kubeconfig(state_dir / "kubeconfig", token, addon.service_account, work / "kubeconfig")
-    (work / "config.yaml").write_text(json.dumps(jobset_config(webhook_port, health_port, work / "certs")))
+    (work / "config.yaml").write_text(json.dumps(manager_config(addon, webhook_port, health_port, work / "certs")))
     return Prepared([str(binary), f"--kubeconfig={work / 'kubeconfig'}", f"--config={work / 'config.yaml'}",
                      "--zap-log-level=info"], f"http://127.0.0.1:{health_port}/readyz")
 

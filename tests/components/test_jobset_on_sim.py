@@ -12,30 +12,26 @@ end with nvlfabric's agents and controller on two simulated racks:
 
 from __future__ import annotations
 
-import json
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client, codecs
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node, Pod, Service
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from nvlfabric.api.computedomain import ComputeDomainSpec
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, CLIQUE_LABEL, WORKLOAD_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.controlplane import ControlPlane
 from nvlfabric.sim.pulumi_cli import PulumiProject
 from tests import installed
+from tests.components.onsim import container_record, running, single_clique_domain
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
 from tests.test_installed_wheel import platform_project
 
@@ -71,24 +67,11 @@ def stack(racks: tuple[ControlPlane, Client], tmp_path_factory: pytest.TempPathF
     return proj
 
 
-def _record(cp: ControlPlane, pod: Pod, container: str) -> dict[str, Any]:
-    """What the simulated runtime was given for the container: its resolved env, command, devices."""
-    path = cp.state_dir / "nodes" / pod.spec.nodeName / "containers" / f"default_{pod.metadata.name}_{container}.json"
-    return dict(json.loads(path.read_text()))
-
-
-def _running(client: Client, workload: str, n: int) -> list[Pod] | None:
-    pods = [p for p in client.list(Pod, namespace="default", labels={WORKLOAD_LABEL: workload})
-            if p.status and p.status.phase == "Running" and p.metadata.deletionTimestamp is None]
-    return pods if len(pods) == n else None
-
-
 def test_a_jobset_on_one_clique_runs_with_its_channel_ranks_and_rank_0s_address(
         racks: tuple[ControlPlane, Client], stack: PulumiProject) -> None:
     cp, client = racks
     name = f"js-{uuid.uuid4().hex[:5]}"
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
-    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid, ComputeDomainSpec())))
+    single_clique_domain(client, name)
     # 2 GPUs a pod: both fit one node of the 7 stacks/dev leaves free.
     args = BoundJobArgs(name=name, kind="JobSet", parallelism=2, gpus_per_pod=2, pod_template={"spec": {"containers": [
         {"name": "worker", "image": "registry.invalid/train:1",
@@ -97,12 +80,12 @@ def test_a_jobset_on_one_clique_runs_with_its_channel_ranks_and_rank_0s_address(
     assert [o["kind"] for o in objs] == ["JobSet"]  # JobSet makes its own headless Service
     client.create(codecs.from_dict(objs[0]))
 
-    pods = eventually("the JobSet's two pods to run", lambda: _running(client, name, 2), timeout=120)
+    pods = eventually("the JobSet's two pods to run", lambda: running(client, name, 2), timeout=120)
     status = ready_domain_status(client, name)
     channel = status["channel"]
     master = f"{name}-workers-0-0.{name}.default.svc"
     for pod in pods:
-        rec = _record(cp, pod, "worker")
+        rec = container_record(cp, pod, "worker")
         env = rec["containerEnv"]
         rank = pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
         assert env["NVLFABRIC_RANK"] == env["RANK"] == rank
@@ -133,7 +116,7 @@ def test_a_jobset_on_one_clique_runs_with_its_channel_ranks_and_rank_0s_address(
 def test_stacks_dev_runs_its_jobset_over_both_racks_and_a_restart_keeps_its_domain(
         racks: tuple[ControlPlane, Client], stack: PulumiProject) -> None:
     cp, client = racks
-    pods = eventually("the JobSet's four pods to run", lambda: _running(client, "jobset", 4), timeout=300)
+    pods = eventually("the JobSet's four pods to run", lambda: running(client, "jobset", 4), timeout=300)
     status = ready_domain_status(client, "jobset")
     groups = {g["index"]: g for g in status["groups"]}
     clique_of = {n.metadata.name: (n.metadata.labels or {})[CLIQUE_LABEL] for n in client.list(Node)}
@@ -149,7 +132,7 @@ def test_stacks_dev_runs_its_jobset_over_both_racks_and_a_restart_keeps_its_doma
         for p in pods:
             g = int(p.metadata.annotations[CLIQUE_GROUP_ANNOTATION])
             cliques.setdefault(g, set()).add(clique_of[p.spec.nodeName])
-            rec = _record(cp, p, "trainer")
+            rec = container_record(cp, p, "trainer")
             env = rec["containerEnv"]
             ranks.append(int(env["NVLFABRIC_RANK"]))
             index = int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"])
@@ -175,7 +158,7 @@ def test_stacks_dev_runs_its_jobset_over_both_racks_and_a_restart_keeps_its_doma
     eventually("JobSet to restart the job", lambda: (client.get(JobSet, "jobset", namespace="default")
                                                       .get("status") or {}).get("restarts") == 1, timeout=120)
     again = eventually("the restarted JobSet's four pods to run", lambda: (
-        ps if (ps := _running(client, "jobset", 4)) and not {p.metadata.uid for p in ps} & old else None),
+        ps if (ps := running(client, "jobset", 4)) and not {p.metadata.uid for p in ps} & old else None),
         timeout=300)
     assert {j.metadata.labels["jobset.sigs.k8s.io/restart-attempt"]
             for j in client.list(Job, namespace="default", labels={"jobset.sigs.k8s.io/jobset-name": "jobset"})} \

@@ -13,16 +13,13 @@ from typing import Any
 
 import pytest
 from lightkube import Client, codecs
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Service
 
 from nvlfabric import manifests
-from nvlfabric.api.computedomain import ComputeDomainSpec
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane
+from tests.components.onsim import single_clique_domain
 from tests.conftest import free_ports, simulated_rack
 
 pytestmark = pytest.mark.cluster
@@ -47,8 +44,7 @@ def test_a_jobs_pods_get_distinct_ranks_one_world_size_and_rank_0s_address(
         rack: tuple[ControlPlane, Client]) -> None:
     cp, client = rack
     name = f"train-{uuid.uuid4().hex[:5]}"
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
-    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid, ComputeDomainSpec())))
+    single_clique_domain(client, name)
     args = BoundJobArgs(name=name, parallelism=4, gpus_per_pod=2, pod_template={"spec": {"containers": [
         {"name": "worker", "image": "registry.invalid/train:1", "command": TORCHRUN}]}})
     for obj in workload_manifests(args, namespace="default", claim_name=f"{name}-channel", domain=name):
