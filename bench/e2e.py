@@ -24,6 +24,9 @@ DaemonSet, controller; bench/fixtures/e2e) installed by a first `pulumi up` befo
 - job288: 4 racks of 18 nodes; 72 pods x 4 GPUs as ONE workload: one MultiClique ComputeDomain
   (placement.cliques 4, numNodes 72) and one BoundJob, in one `pulumi up`; nvlfabric places the 4
   groups, a rack each. job288_running_s = until every pod runs and the domain is Ready. Goal ≤ 15 s.
+- job288_jobset: the same job as a JobSet (BoundJob kind JobSet: a replicated Job per group), run
+  by JobSet's real controller (the simulator's `jobset` addon). job288_jobset_running_s, goal ≤ 15 s
+  and 0 failed scheduling, beside job288_running_s.
 - racks8 (not in the default run: 144 nodes, agents and IMEX keepers; `python bench/e2e.py
   racks8`): 8 racks, 8 whole-rack domains of 18 pods x 4 GPUs NOT pinned to racks, in one
   `pulumi up`. racks8_domains_running_s: until all 144 pods run and all 8 domains are Ready.
@@ -114,7 +117,8 @@ GOALS = {"cd18_ready_s": 15.0, "job256_running_s": 30.0, "cd18_tuned_ready_s": 1
          "job256_tuned_running_s": 30.0, "job288_running_s": 15.0, "job288_tuned_running_s": 15.0,
          "racks8_domains_running_s": 30.0, "racks8_tuned_domains_running_s": 30.0,
          "superpod_running_s": 30.0, "superpod_tuned_running_s": 30.0, "racks8_status_conflicts": 0,
-         "superpod_status_conflicts": 0}
+         "superpod_status_conflicts": 0, "job288_jobset_running_s": 15.0, "job288_jobset_tuned_running_s": 15.0,
+         "job288_jobset_failed_scheduling": 0}
 # Racks of their own (loopback 127.10.<rack>.x, and the IMEX ports there), away from a demo's
 # (0, 1) and the tests' (90, 91, 150, 160, 200, 230-249).
 CD18_RACK = 170
@@ -165,10 +169,10 @@ def leftover_processes(cp: ControlPlane) -> list[int]:
 
 @contextmanager
 def simulator(key: str, prefix: str, tmp: Path, racks: int, first_rack: int, results: dict[str, float],
-              tuned: bool) -> Iterator[Sim]:
+              tuned: bool, addons: tuple[str, ...] = ()) -> Iterator[Sim]:
     state = tmp / key / "sim"
     cp = ControlPlane(state_dir=state, ports=free_ports(), racks=racks, first_rack=first_rack,
-                      progress=lambda m: None, **(TUNED if tuned else {}))
+                      progress=lambda m: None, addons=addons, **(TUNED if tuned else {}))
     say(f"{key}: simulator up: {racks} rack(s) of 18 nodes (racks {first_rack}..{first_rack + racks - 1}), "
         f"apiserver port {cp.ports.apiserver}, {'tuned' if tuned else 'default'} scheduler settings")
     t0 = time.monotonic()
@@ -306,7 +310,8 @@ def scheduling_failures(client: Client) -> tuple[int, int]:
 
 
 def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dict[str, float], *,
-             gpus_per_pod: int = 1, multi_rack: bool = False, pin_racks: bool = True) -> dict[str, float]:
+             gpus_per_pod: int = 1, multi_rack: bool = False, pin_racks: bool = True,
+             kind: str = "Job") -> dict[str, float]:
     """Set the workload config, run `pulumi up` and watch the cluster until every domain is Ready and
     every pod runs. Returns the milestones (seconds after `pulumi up` started) and placement counts.
     `multi_rack`: one MultiClique domain (a claim and a Job per rack) instead of a domain per rack."""
@@ -316,6 +321,7 @@ def timed_up(sim: Sim, pods_per_domain: int, num_nodes: int | None, results: dic
     p.run("config", "set", "gpusPerPod", str(gpus_per_pod))
     p.run("config", "set", "multiRack", "true" if multi_rack else "false")
     p.run("config", "set", "pinRacks", "true" if pin_racks else "false")
+    p.run("config", "set", "kind", kind)
     if num_nodes:
         p.run("config", "set", "numNodes", str(num_nodes))
     want_pods = pods_per_domain * len(sim.racks)
@@ -434,12 +440,16 @@ def cd18(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
                              f"got {marks}")
 
 
-def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
-    """18 pods x 4 GPUs per rack over `racks` racks as ONE workload: a MultiClique domain, one BoundJob."""
+def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str, float], *, tuned: bool,
+            kind: str = "Job") -> None:
+    """18 pods x 4 GPUs per rack over `racks` racks as ONE workload: a MultiClique domain, one BoundJob
+    (of `kind`: a JobSet runs with the simulator's jobset addon)."""
     key = f"{name}_tuned" if tuned else name
-    with simulator(key, name, tmp, racks=racks, first_rack=first_rack, results=results, tuned=tuned) as sim:
+    with simulator(key, name.replace("_", "-"), tmp, racks=racks, first_rack=first_rack, results=results,
+                   tuned=tuned, addons=("jobset",) if kind == "JobSet" else ()) as sim:
         install_driver(sim, results)
-        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True)
+        marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True,
+                         kind=kind)
         results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
         if marks["claims_split_across_cliques"] or marks["cliques_used"] != racks or marks["nodes_used"] != 18 * racks:
             raise SystemExit(f"bench e2e: {key}: expected {racks} groups in {racks} cliques on {18 * racks} nodes, "
@@ -449,6 +459,11 @@ def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str
 def job288(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
     """72 pods x 4 GPUs over 4 racks as ONE workload."""
     one_job("job288", 4, JOB288_FIRST_RACK, tmp, results, tuned=tuned)
+
+
+def job288_jobset(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """job288 as a JobSet, run by JobSet's own controller."""
+    one_job("job288_jobset", 4, JOB288_FIRST_RACK, tmp, results, tuned=tuned, kind="JobSet")
 
 
 def racks8(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
@@ -501,8 +516,9 @@ def profile(results: dict[str, float], key: str) -> None:
 
 
 def main() -> int:
-    only = sys.argv[1:] or ["cd18", "job256", "job288"]
-    scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "racks8": racks8, "superpod": superpod}
+    only = sys.argv[1:] or ["cd18", "job256", "job288", "job288_jobset"]
+    scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "job288_jobset": job288_jobset,
+                 "racks8": racks8, "superpod": superpod}
     results: dict[str, float] = {}
 
     def save() -> None:
@@ -524,8 +540,8 @@ def main() -> int:
         goal = GOALS.get(k)
         verdict = "" if goal is None else f"  (goal ≤ {goal:g}: {'met' if v <= goal else 'MISSED'})"
         print(f"{k:38} {round(v, 2)}{verdict}")
-    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "racks8", "racks8_tuned",
-                "superpod", "superpod_tuned"):
+    for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "job288_jobset",
+                "job288_jobset_tuned", "racks8", "racks8_tuned", "superpod", "superpod_tuned"):
         profile(results, key)
     return 0
 
