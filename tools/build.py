@@ -49,6 +49,7 @@ PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
 PULUMI_YAML_VERSION = "v1.25.0"
 JOBSET_VERSION = "v0.10.1"
 LWS_VERSION = "v0.7.0"
+KUEUE_VERSION = "v0.14.0"
 
 
 def cache_root() -> Path:
@@ -262,6 +263,9 @@ TOOLS: list[Tool] = [
     # its kustomize base at config/.
     Tool("lws", "sigs.k8s.io/lws", LWS_VERSION, TOOLS_DIR / "lws", ["lws-manager"], addon_recipe("sigs.k8s.io/lws/cmd"),
          assemble=addon_assemble("config")),
+    # Kueue's, for `--addons kueue`: Kubernetes libraries 0.34 like JobSet's, but its own module graph.
+    Tool("kueue", "sigs.k8s.io/kueue", KUEUE_VERSION, TOOLS_DIR / "kueue", ["kueue-manager"],
+         addon_recipe("sigs.k8s.io/kueue/cmd/kueue"), assemble=addon_assemble("config/components")),
 ]
 
 

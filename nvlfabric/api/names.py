@@ -169,6 +169,15 @@ LWS_WORKER_INDEX: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_LEADER_ADDRESS_ENV: Final = "LWS_LEADER_ADDRESS"
 """LeaderWorkerSet puts it first in every container's env: the leader pod's DNS name."""
 
+# -- Kueue ------------------------------------------------------------------------------------------
+
+KUEUE_API_VERSION: Final = "kueue.x-k8s.io/v1beta1"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""The label by which Kueue queues a Job or a JobSet in a LocalQueue of its namespace."""
+PLACEMENT_CHECK_CONTROLLER: Final = "nvlfabric.io/placement"
+"""The controllerName of Kueue AdmissionChecks that nvlfabric's controller answers: a workload is
+admitted only once all its groups are placed, each in a clique with room (controller/admission.py)."""
+
 # -- hardware and API limits ------------------------------------------------------------------------
 
 IMEX_CHANNEL_COUNT: Final = 2048

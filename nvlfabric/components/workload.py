@@ -45,6 +45,11 @@ fit one NVL72 clique in one clique by required pod affinity on NVIDIA's clique l
 spans cliques, one IMEX domain per clique. Nothing of nvlfabric's controller runs there: no
 reservation gate, no Workload or PodGroups (kube-scheduler places the pods alone).
 
+Queued by Kueue (`queue_name`): the Job or JobSet carries Kueue's queue label, Kueue suspends it
+at creation and admits it whole by quota and, with nvlfabric's AdmissionCheck in its
+ClusterQueue, only once nvlfabric's controller has placed every group (controller/admission.py);
+over a MultiClique domain only a JobSet, which is one Kueue workload.
+
 Who places the groups (`scheduler`): where the cluster offers Kubernetes' own workload scheduling
 (1.37's Workload, PodGroup and CompositePodGroup with their gates on; nvlfabric/provider/scheduling.py
 checks at preview), the component declares it and kube-scheduler places each clique group as a
@@ -75,12 +80,15 @@ from nvlfabric.api.names import (
     GPUS_PER_NODE,
     GROUP_SIZE_ANNOTATION,
     JOB_COMPLETION_INDEX,
+    KUEUE_API_VERSION,
+    KUEUE_QUEUE_LABEL,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MAX_CLIQUES_PER_DOMAIN,
     MAX_PODS_PER_CLAIM,
+    PLACEMENT_CHECK_CONTROLLER,
     POD_GROUP_ANNOTATION,
     POD_GROUP_TEMPLATE,
     RANK_ANNOTATION,
@@ -167,6 +175,13 @@ class BoundJobArgs(BaseModel):
                                           "(its failurePolicy, each old pod gone before the new ones start); the "
                                           "ComputeDomain, its claims and channels stay, and the new pods join the "
                                           "same IMEX domain (default 0: the first failure fails the JobSet)")
+    queue_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63,
+                                   description="Kueue: the LocalQueue of the workload's namespace that queues it "
+                                               f"(the label {KUEUE_QUEUE_LABEL}); Kueue admits the whole job at "
+                                               "once, by quota and, where its ClusterQueue lists an AdmissionCheck "
+                                               f"of controllerName {PLACEMENT_CHECK_CONTROLLER}, once nvlfabric "
+                                               "can place every group. Job and JobSet; over a MultiClique domain "
+                                               "JobSet only (one Kueue workload for all the groups)")
     wait: bool = Field(False, description="during `pulumi up`, wait for a Job to complete, for the other kinds "
                                           "until every pod is ready")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels of the Job")
@@ -246,6 +261,13 @@ class BoundJobArgs(BaseModel):
             raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Never or OnFailure")
         if self.kind not in BATCH_KINDS and restart not in (None, "Always"):
             raise ValueError(f"pod_template.spec.restartPolicy of a {self.kind}'s pods must be Always (or unset)")
+        if self.queue_name is not None and self.kind not in BATCH_KINDS:
+            raise ValueError(f"queue_name: Kueue queues a {self.kind} only through its pod integration, which "
+                             "BoundJob does not set up: use kind Job or JobSet, or leave queue_name unset")
+        if self.queue_name is not None and self.clique_groups > 1 and self.kind != "JobSet":
+            raise ValueError(f"queue_name over a MultiClique domain ({self.clique_groups} clique groups) needs kind "
+                             f"JobSet: a {self.kind} per group would be a Kueue workload each, admitted apart (half a "
+                             "job running); a JobSet is one workload with a pod set per group")
         if self.kind != "JobSet" and self.max_restarts:
             raise ValueError(f"max_restarts applies to JobSet (its failurePolicy), not {self.kind}: leave it unset"
                              + (" (a Job's pods are not retried: its backoffLimit is 0)" if self.kind == "Job" else ""))
@@ -530,10 +552,16 @@ def workload_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, d
         groups = pod_group_manifests(args, namespace=namespace, claims=claims or [claim_name], apis=apis,
                                      labels=labels)
     if args.clique_groups > 1:
-        return [*groups, *_group_manifests(args, namespace=namespace, claims=claims or [], domain=domain,
-                                           kubernetes=apis is not None)]
-    return [*groups, *_single_manifests(args, namespace=namespace, claim_name=claim_name, domain=domain,
-                                        kubernetes=apis is not None)]
+        objs = _group_manifests(args, namespace=namespace, claims=claims or [], domain=domain,
+                                kubernetes=apis is not None)
+    else:
+        objs = _single_manifests(args, namespace=namespace, claim_name=claim_name, domain=domain,
+                                 kubernetes=apis is not None)
+    if args.queue_name is not None:  # Kueue reads the label on the workload object itself
+        for obj in objs:
+            if obj["kind"] in BATCH_KINDS:
+                obj["metadata"]["labels"] = {**obj["metadata"]["labels"], KUEUE_QUEUE_LABEL: args.queue_name}
+    return [*groups, *objs]
 
 
 def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, domain: str,
@@ -654,7 +682,8 @@ class BoundJob(pulumi.ComponentResource):
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
-                 max_restarts: int = 0, wait: bool = False, labels: dict[str, str] | None = None,
+                 max_restarts: int = 0, queue_name: str | None = None, wait: bool = False,
+                 labels: dict[str, str] | None = None,
                  reservation_gate: bool | None = None,
                  master_port: int = DEFAULT_MASTER_PORT, scheduler: Scheduler = "auto",
                  gpu_container: str | None = None, opts: pulumi.ResourceOptions | None = None,
@@ -663,7 +692,8 @@ class BoundJob(pulumi.ComponentResource):
         self.args = validate(BoundJobArgs, "BoundJob", resource_name, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
-            "gpu_resource": gpu_resource, "max_restarts": max_restarts, "wait": wait, "labels": labels or {},
+            "gpu_resource": gpu_resource, "max_restarts": max_restarts, "queue_name": queue_name, "wait": wait,
+            "labels": labels or {},
             "reservation_gate": reservation_gate,
             "master_port": master_port, "scheduler": scheduler, "gpu_container": gpu_container,
             "clique_groups": groups,  # an unknown keyword is named with the valid ones
@@ -749,8 +779,14 @@ class BoundJob(pulumi.ComponentResource):
         """Why this kind cannot be created on the program's cluster (its CRD is not installed), or
         "". Not asked when the component was told what to wait for: that may be what installs it."""
         kind = self.args.kind
-        if kind not in CONTROLLED_KINDS or (opts is not None and opts.depends_on) or cluster_serves(
-                kind, namespace) is not False:
+        if opts is not None and opts.depends_on:
+            return ""
+        if self.args.queue_name is not None and _api_served(KUEUE_API_VERSION, "LocalQueue", "localqueues",
+                                                            namespace) is False:
+            return (f"queue_name: {self.args.queue_name!r}, but the cluster serves no {KUEUE_API_VERSION} "
+                    "LocalQueue: install Kueue (https://kueue.sigs.k8s.io) first; on nvlfabric's simulator: "
+                    "`nvlfabric-sim up --addons kueue`; or leave queue_name unset")
+        if kind not in CONTROLLED_KINDS or cluster_serves(kind, namespace) is not False:
             return ""
         api, _, project, addon = CONTROLLED_KINDS[kind]
         return (f"kind: {kind!r}, but the cluster serves no {api} {kind}: install {project} and its controller "
@@ -797,18 +833,23 @@ def cluster_serves(kind: WorkloadKind, namespace: str = "default") -> bool | Non
     the cluster could not be read. A stack can declare a JobSet-bound job only where JobSet runs."""
     if kind not in CONTROLLED_KINDS:
         return True
+    api, plural, _, _ = CONTROLLED_KINDS[kind]
+    return _api_served(api, kind, plural, namespace)
+
+
+def _api_served(api: str, kind: str, plural: str, namespace: str) -> bool | None:
+    """`discovery.served` on the program's cluster, once per program (None: it cannot be read)."""
     source = kube.kubeconfig_source(pulumi.Config("kubernetes").get("kubeconfig"))
-    if (source, namespace, kind) not in _served:
-        api, plural, _, _ = CONTROLLED_KINDS[kind]
+    if (source, namespace, api, kind) not in _served:
         try:
             client = kube.client(source)
         except Exception:  # no kubeconfig to read: nothing to say
             return None
-        _served[source, namespace, kind] = discovery.served(client, api, kind, plural, namespace)
-    return _served[source, namespace, kind]
+        _served[source, namespace, api, kind] = discovery.served(client, api, kind, plural, namespace)
+    return _served[source, namespace, api, kind]
 
 
-_served: dict[tuple[str, str, str], bool | None] = {}
+_served: dict[tuple[str, str, str, str], bool | None] = {}
 SCHEDULING_KINDS: Final = ("Workload", "CompositePodGroup", "PodGroup")
 _probes: dict[tuple[str, str], WorkloadApis | None] = {}
 

@@ -46,6 +46,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import feasibility, imexauth, pools
+from nvlfabric.controller.admission import Admitter
 from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
     AgentNode,
     ComputeDomainResource,
@@ -438,6 +439,9 @@ class Controller:
             reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels,
                                 imex_modes=self.imex_modes, informers=self.cache)
             threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
+            # Kueue's admission checks of nvlfabric (admission.py) place through the same Reserver.
+            threading.Thread(target=Admitter(self.client, reserver).run, args=(stop,), name="admission",
+                             daemon=True).start()
         for inf in self.cache.all():
             inf.start(stop)
         for inf in self.cache.all():

@@ -127,6 +127,9 @@ SETTLE_S = 0.5
 """Without a group-size annotation: a claim's group is complete once no new user came for this long."""
 NO_ROOM_EVENT_S = 60.0
 """How often the same no-room Event is repeated for one claim."""
+ADMITTED_HOLD_S = 120.0
+"""How long a group placed at admission (Kueue, controller/admission.py) holds its room before its
+first pod exists; a workload admitted and then deleted gives it back after this."""
 
 Key = tuple[str, str]  # (namespace, claim name)
 
@@ -377,6 +380,9 @@ class Reserver:
         """A claim of another mode is never placed nor let through: no node would prepare it, and
         its allocation would hold a channel for nothing (its domain is Failed, reconcile.py)."""
         self._placed: dict[Key, str] = {}  # claim → the clique its pioneer is sent to
+        self._admitted: dict[Key, tuple[placement.Reserved, float]] = {}
+        """Groups placed at admission, before any of their pods exists: the room they hold, since when."""
+        self._placing = threading.Lock()  # one placement at a time: the reserver's passes and admissions
         self._last_user: dict[Key, float] = {}  # claim → when its newest user appeared
         self._no_room: dict[Key, tuple[str, float]] = {}  # claim → (message, when) of its last Event
         self._lock = threading.Condition()
@@ -564,12 +570,21 @@ class Reserver:
 
     def _held(self) -> list[placement.Reserved]:
         """Room the placed claims' pending pods still need (call with the lock held): bound pods
-        are counted on their nodes already."""
+        are counted on their nodes already; a group placed at admission whose pods do not exist
+        yet, its whole demand."""
         out = []
+        now = time.monotonic()
         for key, clique in self._placed.items():
             users = self._users(key)
             if users:
+                self._admitted.pop(key, None)
                 out.append(placement.Reserved(clique, len(users), max(p.gpus for p in users)))
+            elif (admitted := self._admitted.get(key)) is not None:
+                if now - admitted[1] < ADMITTED_HOLD_S:
+                    out.append(admitted[0])
+                else:  # admitted, and no pod came: its workload went
+                    del self._admitted[key]
+                    del self._placed[key]
         return out
 
     def _free_channels(self) -> dict[str, int]:
@@ -620,6 +635,10 @@ class Reserver:
         return out
 
     def _place(self, keys: Sequence[Key]) -> None:
+        with self._placing:
+            self._place_now(keys)
+
+    def _place_now(self, keys: Sequence[Key]) -> None:
         """Choose a clique for each claim whose group is complete and still wholly gated; a job of
         several claims gets one clique per claim, all at once or none."""
         now = time.monotonic()
@@ -627,6 +646,7 @@ class Reserver:
             for key in [k for k, st in self._claims.items() if k in self._placed and st.allocated
                         and not self._users(k)]:
                 del self._placed[key]  # all its pods are bound: their nodes count them now
+                self._admitted.pop(key, None)
             jobs = self._jobs(keys, now)
             tolerations = {id(groups): [dict(t) for t in min(
                 (p for k in job_keys for p in self._users(k)), key=lambda p: (p.created, p.name)).tolerations]
@@ -635,12 +655,7 @@ class Reserver:
         if not jobs:
             return
         try:
-            with api_call("read the Nodes and bound pods to place channel claims"):
-                nodes = [n.placement for n in self.cache.nodes.fresh().values() if n.clique]
-                used: dict[str, int] = {}
-                for node, gpus, finished in self.cache.bound_pods.fresh().values():
-                    if not finished:
-                        used[node] = used.get(node, 0) + gpus
+            nodes, used = self._cluster_use()
         except errors.ApiStatusError as exc:
             log.warning("%s; placing at the next pass", exc)
             return
@@ -662,6 +677,61 @@ class Reserver:
                     self._dirty.add(g.key)
                 log.info("claim %s/%s: %d pods x %d GPUs placed in clique %s", *g.key, g.pods, g.gpus_per_pod,
                          clique)
+
+    def _cluster_use(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The clique Nodes as placement reads them, and the GPUs their running pods use."""
+        with api_call("read the Nodes and bound pods to place channel claims"):
+            nodes = [n.placement for n in self.cache.nodes.fresh().values() if n.clique]
+            used: dict[str, int] = {}
+            for node, gpus, finished in self.cache.bound_pods.fresh().values():
+                if not finished:
+                    used[node] = used.get(node, 0) + gpus
+        return nodes, used
+
+    def is_channel_claim(self, namespace: str, name: str) -> bool:
+        """Whether claim namespace/name is a ComputeDomain's channel claim (as the claim watch shows it)."""
+        with self._lock:
+            claim = self._claims.get((namespace, name))
+            return claim is not None and bool(claim.job) and claim.domain is not None
+
+    def admit(self, groups: Sequence[placement.Group],
+              tolerations: Sequence[Mapping[str, str]] = ()) -> dict[Key, str] | placement.NoRoom | str:
+        """Place a job before its pods exist (a Kueue workload's pod sets, controller/admission.py):
+        each group (its claim's key, pods, GPUs per pod, node selector) gets a clique with room and a
+        free channel, all at once or none, and holds that room until its pods come. A group whose
+        claim is allocated already (its domain kept it through a restart) keeps its clique. Returns
+        the cliques, why there is no room, or (a str) why it cannot be judged yet."""
+        with self._placing:  # the whole of it: no pass places meanwhile on the same snapshot
+            with self._lock:
+                missing = [f"{k[0]}/{k[1]}" for k in (g.key for g in groups) if k not in self._claims]
+                if missing:
+                    return f"channel claim {missing[0]} does not exist (yet)"
+                # A domain pinned to a clique (placement.clique) keeps its groups there.
+                groups = [dataclasses.replace(g, clique=self._claims[g.key].pinned or g.clique) for g in groups]
+                done = {g.key: c for g in groups
+                        if (c := self._placed.get(g.key) or (self._claims[g.key].clique
+                                                              if self._claims[g.key].allocated else None))}
+                todo = [g for g in groups if g.key not in done]
+                held, channels = self._held(), self._free_channels()
+            if not todo:
+                return done
+            try:
+                nodes, used = self._cluster_use()
+            except errors.ApiStatusError as exc:
+                return str(exc)
+            rooms = placement.rooms_of(nodes, used, [dict(t) for t in tolerations])
+            free = {c: channels.get(c, self.channels_per_clique) for c in {r.clique for r in rooms}}
+            got = placement.place(todo, rooms, free, held, exclude=set(done.values()))
+            if isinstance(got, placement.NoRoom):
+                return got
+            now = time.monotonic()
+            with self._lock:
+                for g in todo:
+                    self._placed[g.key] = got[g.key]
+                    self._admitted[g.key] = (placement.Reserved(got[g.key], g.pods, g.gpus_per_pod), now)
+                    log.info("claim %s/%s: %d pods x %d GPUs placed in clique %s at admission", *g.key, g.pods,
+                             g.gpus_per_pod, got[g.key])
+            return {**done, **got}
 
     def _say_no_room(self, key: Key, why: placement.NoRoom) -> None:
         message = why.message()

@@ -1,5 +1,5 @@
 """Controllers platform teams already run, started by the simulator on request
-(`nvlfabric-sim up --addons jobset,lws`): the real ones (JobSet, LeaderWorkerSet), built from their Go
+(`nvlfabric-sim up --addons jobset,lws,kueue`): the real ones (JobSet, LeaderWorkerSet, Kueue), built from their Go
 modules by tools/build.py, with their own CRDs, RBAC and webhooks from their modules' kustomize
 config (copied beside the binary into the tools cache at build time).
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,12 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 
 from nvlfabric.sim import pki
+
+CRD_ESTABLISHED_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,12 @@ class Addon:
     service: str
     """The webhook Service's name (its DNS name is what the serving certificate carries)."""
     config_api: str
-    """The apiVersion of its manager's Configuration file (the two share controller-runtime's shape)."""
+    """The apiVersion of its manager's Configuration file (they share controller-runtime's shape)."""
+    extra_config: dict[str, Any] = field(default_factory=dict)
+    """What its Configuration needs beyond that shape."""
+    fixed_cert_dir: str | None = None
+    """A directory its code reads a certificate from, whatever its configuration says (its
+    Deployment mounts a Secret there): given the addon's serving certificate when it has none."""
 
 
 ADDONS: dict[str, Addon] = {
@@ -52,16 +61,28 @@ ADDONS: dict[str, Addon] = {
                     "jobset-webhook-service", "config.jobset.x-k8s.io/v1alpha1"),
     "lws": Addon("lws", "lws-manager", "lws-system", "lws-", "lws-controller-manager", "lws-webhook-service",
                  "config.lws.x-k8s.io/v1alpha1"),
+    # Kueue manages the kinds BoundJob queues (Jobs and JobSets; LeaderWorkerSet would need its pod
+    # integration), only those labelled with a queue; its on-demand visibility API is an aggregated
+    # API server, which the simulator's API server has no front proxy for: off.
+    "kueue": Addon("kueue", "kueue-manager", "kueue-system", "kueue-", "kueue-controller-manager",
+                   "kueue-webhook-service", "config.kueue.x-k8s.io/v1beta1", {
+                       "namespace": "kueue-system", "manageJobsWithoutQueueName": False,
+                       "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+                       "featureGates": {"VisibilityOnDemand": False}},
+                   # Without its certificate rotator Kueue reads its metrics certificate from here, and
+                   # exits if it is absent, though metrics are off (cmd/kueue/main.go).
+                   fixed_cert_dir="/etc/kueue/metrics/certs"),
 }
 
 
 def parse(value: str) -> tuple[str, ...]:
-    """`--addons jobset,...` as names, or a ValueError naming the known ones."""
+    """`--addons jobset,...` as names in the order they start (ADDONS': Kueue after the kinds it
+    queues, whose CRDs it looks for at start), or a ValueError naming the known ones."""
     names = tuple(dict.fromkeys(a.strip() for a in value.split(",") if a.strip()))
     unknown = [a for a in names if a not in ADDONS]
     if unknown:
         raise ValueError(f"unknown addon(s) {', '.join(unknown)}; known: {', '.join(ADDONS)}")
-    return names
+    return tuple(a for a in ADDONS if a in names)
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -98,14 +119,27 @@ def install(addon: Addon, client: Client, config: Path, webhook_port: int, ca_bu
         except ApiError as exc:
             if exc.status.code != 409:
                 raise
-    for obj in manifests(addon, config, webhook_port, ca_bundle):
+    objs = manifests(addon, config, webhook_port, ca_bundle)
+    for obj in objs:
         client.apply(codecs.from_dict(obj), field_manager="nvlfabric-sim", force=True)
+    # The manager maps its kinds at start and exits on one the API server does not serve yet.
+    crds = [o["metadata"]["name"] for o in objs if o["kind"] == "CustomResourceDefinition"]
+    deadline = time.monotonic() + CRD_ESTABLISHED_S
+    while waiting := [n for n in crds if not _established(client.get(CustomResourceDefinition, n))]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the addon's CRD {waiting[0]} is not Established after {CRD_ESTABLISHED_S:.0f} s")
+        time.sleep(0.2)
     req = client.create(ServiceAccount.Token(
         metadata=ObjectMeta(name=addon.service_account, namespace=addon.namespace),
         spec=TokenRequestSpec(audiences=[], expirationSeconds=7 * 24 * 3600)),
         addon.service_account, namespace=addon.namespace)
     assert req.status is not None
     return str(req.status.token)
+
+
+def _established(crd: CustomResourceDefinition) -> bool:
+    return any(c.type == "Established" and c.status == "True"
+               for c in (crd.status.conditions if crd.status else None) or [])
 
 
 def kubeconfig(admin_kubeconfig: Path, token: str, user: str, out: Path) -> None:
@@ -121,7 +155,7 @@ def kubeconfig(admin_kubeconfig: Path, token: str, user: str, out: Path) -> None
 def manager_config(addon: Addon, port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
     """The addon manager's Configuration for one local process: no leader election, no certificate
     rotator (the serving certificate is the simulator's), webhooks and health on loopback."""
-    return {"apiVersion": addon.config_api, "kind": "Configuration",
+    return {"apiVersion": addon.config_api, "kind": "Configuration", **addon.extra_config,
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "webhook": {"port": port, "host": "127.0.0.1", "certDir": str(cert_dir)},
@@ -141,13 +175,31 @@ def prepare(addon: Addon, *, state_dir: Path, client: Client, binary: Path, webh
     work = state_dir / "addons" / addon.name
     work.mkdir(parents=True, exist_ok=True)
     pki_dir = state_dir / "pki"
-    pki.webhook_serving(pki_dir, f"{addon.service}.{addon.namespace}.svc", work / "certs")
+    crt, key = pki.webhook_serving(pki_dir, f"{addon.service}.{addon.namespace}.svc", work / "certs")
+    if addon.fixed_cert_dir is not None:
+        _provide_fixed_cert(Path(addon.fixed_cert_dir), crt, key)
     config = binary.resolve().parent / f"{addon.name}-config"
     token = install(addon, client, config, webhook_port, (pki_dir / "ca.crt").read_bytes())
     kubeconfig(state_dir / "kubeconfig", token, addon.service_account, work / "kubeconfig")
     (work / "config.yaml").write_text(json.dumps(manager_config(addon, webhook_port, health_port, work / "certs")))
     return Prepared([str(binary), f"--kubeconfig={work / 'kubeconfig'}", f"--config={work / 'config.yaml'}",
                      "--zap-log-level=info"], f"http://127.0.0.1:{health_port}/readyz")
+
+
+def _provide_fixed_cert(where: Path, crt: Path, key: Path) -> None:
+    """Put a certificate and key where the addon's code insists on reading them, unless some are
+    there (another simulator's: any valid pair serves, nothing is served with it)."""
+    if (where / "tls.crt").exists() and (where / "tls.key").exists():
+        return
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "tls.crt").write_bytes(crt.read_bytes())
+        (where / "tls.key").write_bytes(key.read_bytes())
+        (where / "tls.key").chmod(0o600)
+    except OSError as exc:
+        raise RuntimeError(f"the addon reads a certificate from {where}, which its Deployment mounts and this "
+                           f"machine lacks, and it cannot be written here ({exc}); create it (tls.crt, tls.key: any "
+                           "valid pair) or run the simulator as root") from exc
 
 
 def admin_client(kubeconfig_path: Path) -> Client:

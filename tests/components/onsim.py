@@ -10,7 +10,7 @@ from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from nvlfabric.api.computedomain import ComputeDomainSpec
+from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names
 from nvlfabric.api.names import WORKLOAD_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
@@ -19,10 +19,22 @@ from nvlfabric.sim.controlplane import ControlPlane
 
 def single_clique_domain(client: Client, name: str) -> str:
     """A single-clique ComputeDomain in `default` and its channel claim; the claim's name."""
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec={}))
-    claim = channel_claim(name, "default", cd.metadata.uid, ComputeDomainSpec())
-    client.create(codecs.from_dict(claim))
-    return str(claim["metadata"]["name"])
+    return domain(client, name, ComputeDomainSpec())[0]
+
+
+def multi_clique_domain(client: Client, name: str, *, cliques: int, num_nodes: int) -> list[str]:
+    """A MultiClique ComputeDomain of `cliques` groups in `default` and its claims; their names."""
+    return domain(client, name, ComputeDomainSpec.model_validate(
+        {"numNodes": num_nodes, "placement": {"scope": "MultiClique", "cliques": cliques}}))
+
+
+def domain(client: Client, name: str, spec: ComputeDomainSpec) -> list[str]:
+    """A ComputeDomain in `default` and its channel claims, as the provider makes them; the claims' names."""
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"),
+                                             spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    for g in range(spec.groups):
+        client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid, spec, g)))
+    return channel_claim_names(name, spec)
 
 
 def running(client: Client, workload: str, n: int) -> list[Pod] | None:

@@ -184,6 +184,27 @@ def test_a_jobset_where_the_cluster_serves_no_jobset_warns_at_preview_and_stops_
     assert workload.cluster_serves("Job") is True and workload.cluster_serves("JobSet") is False
 
 
+@pytest.mark.cluster
+@pytest.mark.parametrize("preview", [True, False])
+def test_a_queue_name_where_the_cluster_serves_no_kueue_warns_at_preview_and_stops_up(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, preview: bool) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setattr(workload, "_served", {})
+    pulumi.runtime.set_mocks(_Mocks(), preview=preview)
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))
+    words = ("queue_name: 'team-a', but the cluster serves no kueue.x-k8s.io/v1beta1 LocalQueue: install Kueue "
+             "(https://kueue.sigs.k8s.io) first; on nvlfabric's simulator: `nvlfabric-sim up --addons kueue`")
+    kwargs: dict[str, Any] = {"compute_domain": ComputeDomain("cd"), "queue_name": "team-a",
+                              "pod_template": {"spec": {"containers": [CONTAINER]}}}
+    if preview:
+        BoundJob("train", **kwargs)
+        assert any(words in w for w in warned), warned
+    else:
+        msg = _refused(BoundJob, "train", **kwargs)
+        assert msg.startswith("BoundJob 'train': invalid arguments\n  queue_name: 'team-a'") and words in msg, msg
+
+
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4))
 json_value = st.recursive(json_leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["name", "image", "limits", "claims", "x"]), inner,

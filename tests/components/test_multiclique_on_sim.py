@@ -13,17 +13,15 @@ from typing import Any
 
 import pytest
 from lightkube import Client, codecs
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric import manifests
-from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import CLIQUE_LABEL, RANK_ANNOTATION
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.controlplane import ControlPlane
+from tests.components.onsim import multi_clique_domain
 from tests.conftest import free_ports, simulated_rack
 
 pytestmark = pytest.mark.cluster
@@ -45,12 +43,7 @@ def test_a_job_over_two_racks_gets_a_rack_and_a_channel_per_group_and_global_ran
         racks: tuple[ControlPlane, Client]) -> None:
     cp, client = racks
     name = f"big-{uuid.uuid4().hex[:5]}"
-    spec = api.ComputeDomainSpec.model_validate({"numNodes": 4, "placement": {"scope": "MultiClique", "cliques": 2}})
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"),
-                                             spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
-    claims = api.channel_claim_names(name, spec)
-    for g in range(2):
-        client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid, spec, g)))
+    claims = multi_clique_domain(client, name, cliques=2, num_nodes=4)
     args = BoundJobArgs(name=name, parallelism=4, gpus_per_pod=4, clique_groups=2, pod_template={"spec": {
         "containers": [{"name": "worker", "image": "registry.invalid/train:1", "command": [
             "torchrun", "--nnodes=$(NVLFABRIC_WORLD_SIZE)", "--node-rank=$(NVLFABRIC_RANK)"]}]}})

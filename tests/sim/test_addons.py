@@ -64,5 +64,6 @@ def test_jobsets_webhooks_answer(jobset_rack: tuple[ControlPlane, Client]) -> No
 
 
 def test_an_unknown_addon_is_named_with_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown addon\\(s\\) kueue; known: jobset, lws"):
-        addons.parse("jobset,kueue")
+    with pytest.raises(ValueError, match="unknown addon\\(s\\) volcano; known: jobset, lws, kueue"):
+        addons.parse("jobset,volcano")
+    assert addons.parse("kueue, jobset,kueue") == ("jobset", "kueue")  # Kueue after what it queues
