@@ -27,6 +27,9 @@ DaemonSet, controller; bench/fixtures/e2e) installed by a first `pulumi up` befo
 - job288_jobset: the same job as a JobSet (BoundJob kind JobSet: a replicated Job per group), run
   by JobSet's real controller (the simulator's `jobset` addon). job288_jobset_running_s, goal ≤ 15 s
   and 0 failed scheduling, beside job288_running_s.
+- job288_kueue: that JobSet queued in Kueue (the `kueue` addon; a ClusterQueue with quota for the
+  cluster's GPUs and nvlfabric's AdmissionCheck, made before the timer starts), admitted once
+  nvlfabric placed its groups. job288_kueue_running_s, goal ≤ 15 s and 0 failed scheduling.
 - racks8 (not in the default run: 144 nodes, agents and IMEX keepers; `python bench/e2e.py
   racks8`): 8 racks, 8 whole-rack domains of 18 pods x 4 GPUs NOT pinned to racks, in one
   `pulumi up`. racks8_domains_running_s: until all 144 pods run and all 8 domains are Ready.
@@ -118,7 +121,8 @@ GOALS = {"cd18_ready_s": 15.0, "job256_running_s": 30.0, "cd18_tuned_ready_s": 1
          "racks8_domains_running_s": 30.0, "racks8_tuned_domains_running_s": 30.0,
          "superpod_running_s": 30.0, "superpod_tuned_running_s": 30.0, "racks8_status_conflicts": 0,
          "superpod_status_conflicts": 0, "job288_jobset_running_s": 15.0, "job288_jobset_tuned_running_s": 15.0,
-         "job288_jobset_failed_scheduling": 0}
+         "job288_jobset_failed_scheduling": 0,
+         "job288_kueue_running_s": 15.0, "job288_kueue_tuned_running_s": 15.0, "job288_kueue_failed_scheduling": 0}
 # Racks of their own (loopback 127.10.<rack>.x, and the IMEX ports there), away from a demo's
 # (0, 1) and the tests' (90, 91, 150, 160, 200, 230-249).
 CD18_RACK = 170
@@ -441,13 +445,17 @@ def cd18(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
 
 
 def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str, float], *, tuned: bool,
-            kind: str = "Job") -> None:
+            kind: str = "Job", queue: str = "") -> None:
     """18 pods x 4 GPUs per rack over `racks` racks as ONE workload: a MultiClique domain, one BoundJob
-    (of `kind`: a JobSet runs with the simulator's jobset addon)."""
+    (of `kind`: a JobSet runs with the simulator's jobset addon; queued in Kueue's `queue`)."""
     key = f"{name}_tuned" if tuned else name
+    addons = (("jobset",) if kind == "JobSet" else ()) + (("kueue",) if queue else ())
     with simulator(key, name.replace("_", "-"), tmp, racks=racks, first_rack=first_rack, results=results,
-                   tuned=tuned, addons=("jobset",) if kind == "JobSet" else ()) as sim:
+                   tuned=tuned, addons=addons) as sim:
         install_driver(sim, results)
+        if queue:
+            kueue_queue(sim.client, queue, gpus=racks * 18 * 4)
+        sim.proj.run("config", "set", "queueName", queue)
         marks = timed_up(sim, pods_per_domain=18, num_nodes=18, results=results, gpus_per_pod=4, multi_rack=True,
                          kind=kind)
         results[f"{key}_running_s"] = max(marks["pods_running_s"], marks["domains_ready_s"])
@@ -459,6 +467,34 @@ def one_job(name: str, racks: int, first_rack: int, tmp: Path, results: dict[str
 def job288(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
     """72 pods x 4 GPUs over 4 racks as ONE workload."""
     one_job("job288", 4, JOB288_FIRST_RACK, tmp, results, tuned=tuned)
+
+
+def kueue_queue(client: Client, name: str, *, gpus: int) -> None:
+    """A LocalQueue `name` in the bench's namespace, its ClusterQueue with quota for `gpus` GPUs
+    and nvlfabric's AdmissionCheck (what a platform sets up once)."""
+    from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    from nvlfabric.api.names import PLACEMENT_CHECK_CONTROLLER
+
+    kueue = ("kueue.x-k8s.io", "v1beta1")
+    flavor = create_global_resource(*kueue, "ResourceFlavor", "resourceflavors")
+    check = create_global_resource(*kueue, "AdmissionCheck", "admissionchecks")
+    cluster_queue = create_global_resource(*kueue, "ClusterQueue", "clusterqueues")
+    local_queue = create_namespaced_resource(*kueue, "LocalQueue", "localqueues")
+    client.create(flavor(metadata=ObjectMeta(name="gb200"), spec={}))
+    client.create(check(metadata=ObjectMeta(name="nvlfabric-placement"),
+                        spec={"controllerName": PLACEMENT_CHECK_CONTROLLER}))
+    client.create(cluster_queue(metadata=ObjectMeta(name=name), spec={
+        "namespaceSelector": {}, "admissionChecks": ["nvlfabric-placement"],
+        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "gb200", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}))
+    client.create(local_queue(metadata=ObjectMeta(name=name, namespace=NAMESPACE), spec={"clusterQueue": name}))
+
+
+def job288_kueue(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
+    """job288 as a JobSet queued in Kueue, admitted through nvlfabric's AdmissionCheck."""
+    one_job("job288_kueue", 4, JOB288_FIRST_RACK, tmp, results, tuned=tuned, kind="JobSet", queue="bench")
 
 
 def job288_jobset(tmp: Path, results: dict[str, float], *, tuned: bool) -> None:
@@ -516,8 +552,9 @@ def profile(results: dict[str, float], key: str) -> None:
 
 
 def main() -> int:
-    only = sys.argv[1:] or ["cd18", "job256", "job288", "job288_jobset"]
+    only = sys.argv[1:] or ["cd18", "job256", "job288", "job288_jobset", "job288_kueue"]
     scenarios = {"cd18": cd18, "job256": job256, "job288": job288, "job288_jobset": job288_jobset,
+                 "job288_kueue": job288_kueue,
                  "racks8": racks8, "superpod": superpod}
     results: dict[str, float] = {}
 
@@ -541,7 +578,8 @@ def main() -> int:
         verdict = "" if goal is None else f"  (goal ≤ {goal:g}: {'met' if v <= goal else 'MISSED'})"
         print(f"{k:38} {round(v, 2)}{verdict}")
     for key in ("cd18", "cd18_tuned", "job256", "job256_tuned", "job288", "job288_tuned", "job288_jobset",
-                "job288_jobset_tuned", "racks8", "racks8_tuned", "superpod", "superpod_tuned"):
+                "job288_jobset_tuned", "job288_kueue", "job288_kueue_tuned", "racks8", "racks8_tuned", "superpod",
+                "superpod_tuned"):
         profile(results, key)
     return 0
 

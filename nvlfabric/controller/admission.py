@@ -176,9 +176,12 @@ class Admitter:
         if not checks:
             return
         with api_call("list Kueue Workloads"):
-            workloads = list(self.client.list(Workload, namespace="*"))
-        for wl in workloads:
-            raw = _raw(wl)
+            workloads = [_raw(wl) for wl in self.client.list(Workload, namespace="*")]
+        present = {(str(w["metadata"].get("namespace")), str(w["metadata"].get("name"))) for w in workloads}
+        for gone in (self._said.keys() | self._told.keys()) - present:
+            self._said.pop(gone, None)
+            self._told.pop(gone, None)
+        for raw in workloads:
             check = pending_check(raw, checks)
             if check is None:
                 continue
@@ -214,6 +217,9 @@ class Admitter:
                 self.pass_once()
             except errors.NotFound:
                 wait = ABSENT_POLL_S  # no Kueue (yet)
+            except errors.Forbidden as exc:  # a ClusterRole without Kueue's rules (an older driver's)
+                log.warning("%s; Kueue's admission checks are not answered (next try in %.0f s)", exc, ABSENT_POLL_S)
+                wait = ABSENT_POLL_S
             except Exception as exc:  # one failed pass must not end admission
                 log.warning("admission pass failed: %s", exc)
             deadline = time.monotonic() + wait
