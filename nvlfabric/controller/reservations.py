@@ -333,6 +333,14 @@ def group_of(key: Key, users: Sequence[PendingPod], pinned: str | None = None) -
                            max(p.gpus for p in users), dict(first.node_selector), pinned)
 
 
+def stale_admissions(admitted: Mapping[Key, tuple[placement.Reserved, float]], with_users: Iterable[Key],
+                     now: float) -> list[Key]:
+    """The groups placed at admission whose hold is over (pure): their pods came (the pods hold
+    the room now), or none came within ADMITTED_HOLD_S."""
+    came = set(with_users)
+    return [k for k, (_, since) in admitted.items() if k in came or now - since >= ADMITTED_HOLD_S]
+
+
 def complete(users: Sequence[PendingPod], quiet_for: float) -> bool:
     """Whether a claim's group is known well enough to place: its size is annotated on its users
     (BoundJob's group-size: the demand is that many pods, whether they exist yet or not), or (none
@@ -572,19 +580,17 @@ class Reserver:
         """Room the placed claims' pending pods still need (call with the lock held): bound pods
         are counted on their nodes already; a group placed at admission whose pods do not exist
         yet, its whole demand."""
+        for key in stale_admissions(self._admitted, {k for k in self._placed if self._users(k)}, time.monotonic()):
+            del self._admitted[key]
+            if not self._users(key):  # admitted, and no pod came: its workload went
+                self._placed.pop(key, None)
         out = []
-        now = time.monotonic()
         for key, clique in self._placed.items():
             users = self._users(key)
             if users:
-                self._admitted.pop(key, None)
                 out.append(placement.Reserved(clique, len(users), max(p.gpus for p in users)))
             elif (admitted := self._admitted.get(key)) is not None:
-                if now - admitted[1] < ADMITTED_HOLD_S:
-                    out.append(admitted[0])
-                else:  # admitted, and no pod came: its workload went
-                    del self._admitted[key]
-                    del self._placed[key]
+                out.append(admitted[0])
         return out
 
     def _free_channels(self) -> dict[str, int]:

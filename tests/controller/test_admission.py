@@ -13,6 +13,7 @@ from nvlfabric.api.names import CLIQUE_LABEL, KUEUE_QUEUE_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller import placement
 from nvlfabric.controller.admission import check_patch, groups_of, judge, pending_check
+from nvlfabric.controller.reservations import ADMITTED_HOLD_S, stale_admissions
 
 TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "i"}]}}
 
@@ -101,3 +102,10 @@ def test_queue_name_labels_the_job_or_jobset_for_kueue() -> None:
 def test_a_queue_kueue_cannot_use_is_refused_naming_the_way(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         BoundJobArgs(name="train", pod_template=TEMPLATE, **kwargs)
+
+
+def test_a_group_placed_at_admission_holds_its_room_until_its_pods_come_or_for_a_while() -> None:
+    held = placement.Reserved("A.1", 2, 4)
+    admitted = {("ml", "waiting"): (held, 100.0), ("ml", "came"): (held, 100.0), ("ml", "gone"): (held, 0.0)}
+    assert sorted(stale_admissions(admitted, [("ml", "came")], now=ADMITTED_HOLD_S + 50.0)) == [
+        ("ml", "came"), ("ml", "gone")]
