@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -28,8 +29,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.certificates_v1 import CertificateSigningRequest
-from lightkube.resources.core_v1 import Node, Pod, Secret
+from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
@@ -292,3 +294,126 @@ def test_the_controller_signs_for_members_only(rack: Rack) -> None:
     finally:
         agent.close()
         _cleanup(client, name, 1)
+
+
+def _mint(tmp: Path, ca_pem: bytes, ca_key_pem: bytes, node: str, uid: str) -> Path:
+    """A node key and certificate made with an authority's key (as whoever stole it would), in a
+    tls/ directory a stand-in daemon can use."""
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names.imex_node_subject(node))]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(names.imex_target(uid))]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    tmp.mkdir(parents=True)
+    (tmp / "node.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
+    (tmp / "node.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "ca.crt").write_bytes(ca_pem)
+    return tmp
+
+
+def _key_id(ca_pem: str) -> str:
+    ca = x509.load_pem_x509_certificate(ca_pem.encode())
+    return ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest.hex()
+
+
+def test_the_authority_is_replaced_under_a_running_domain_and_the_old_one_stops_working(
+        rack: Rack, tmp_path: Path) -> None:
+    """`kubectl annotate cd NAME nvlfabric.io/rotate-imex-authority=...` (what to do when an
+    authority's key may have leaked): the controller brings in a new authority, switches to it once
+    every member trusts it and retires the old one once every member's certificate is of the new
+    one. No pod, daemon or link is disturbed, and a certificate made with the old key, which worked
+    before, is refused after."""
+    client, nodes = rack.client, rack.nodes
+    members, outsider = sorted(nodes)[:2], sorted(nodes)[2]
+    name = f"tls-x-{uuid.uuid4().hex[:5]}"
+    uid = domain(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
+    secret_name = f"{names.IMEX_CA_SECRET_PREFIX}{uid}"
+    intruders: list[subprocess.Popen[bytes]] = []
+
+    def stolen_credentials_authenticate(work: Path) -> bool:
+        work.mkdir()
+        proc = _intruder(rack, work, nodes[outsider].address, addresses, status["imexPortSlot"], stolen,
+                         names.imex_target(uid))
+        intruders.append(proc)
+        try:
+            def settled() -> dict[str, str] | None:
+                view = _ctl(nodes[outsider], nodes[outsider].address, ports.cmd)
+                links = _links(view, nodes[outsider].address) if view.get("nodes") else {}
+                # Authenticated, it gets as far as the members' map check (MAP_MISMATCH: its nodes
+                # file names itself too); refused, it never gets past the handshake.
+                return links if len(links) == 2 and (set(links.values()) <= {"CONNECTED", "MAP_MISMATCH"} or
+                                                     set(links.values()) == {"AUTHENTICATING"}) else None
+
+            links = eventually("the daemon with the old authority's certificate to settle", settled, timeout=30)
+            return "AUTHENTICATING" not in links.values()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    try:
+        status = _ready(client, name)
+        ports = imex.ports_for_slot(status["imexPortSlot"])
+        addresses = sorted(nodes[n].address for n in members)
+        for n in members:
+            eventually(f"{n}'s daemon to be connected", lambda n=n: _ctl(nodes[n], nodes[n].address,
+                                                                         ports.cmd).get("status") == "UP")
+        pods = {p: client.get(Pod, p, namespace="default").metadata.uid for p in (f"{name}-0", f"{name}-1")}
+        pids = {n: _pid(nodes[n], uid) for n in members}
+        old = client.get(Secret, secret_name, namespace=names.NAMESPACE).data
+        old_pem = base64.b64decode(old["tls.crt"]).decode()
+        stolen = _mint(tmp_path / "stolen", old_pem.encode(), base64.b64decode(old["tls.key"]), outsider, uid)
+        assert stolen_credentials_authenticate(tmp_path / "before"), "a certificate of the domain's CA is refused"
+
+        client.patch(ComputeDomainResource, name, {"metadata": {"annotations": {
+            names.ROTATE_IMEX_AUTHORITY_ANNOTATION: "after-incident-42"}}}, namespace="default",
+            patch_type=PatchType.MERGE)
+        deadline = time.monotonic() + 90
+        while True:
+            secret = client.get(Secret, secret_name, namespace=names.NAMESPACE)
+            data, annotations = secret.data, secret.metadata.annotations or {}
+            if annotations.get(f"{names.GROUP}/rotation-handled") == "after-incident-42" and \
+                    not {"next.crt", "previous.crt"} & set(data) and data["tls.crt"] != old["tls.crt"]:
+                break
+            assert time.monotonic() < deadline, f"the rotation did not complete: Secret keys {sorted(data)}"
+            for n in members:  # the domain stays up, all along
+                assert _ctl(nodes[n], nodes[n].address, ports.cmd)["status"] == "UP"
+            time.sleep(1)
+
+        new_pem = base64.b64decode(data["tls.crt"]).decode()
+        status = eventually("the status to hold the new authority only, and each member to report it", lambda: (
+            s if (s := client.get(ComputeDomainResource, name, namespace="default").status or {}).get(
+                "imexCABundle") == new_pem and all(
+                e.get("imexTrusts") == api.imex_bundle_digest(new_pem) and e.get("imexIssuer") == _key_id(new_pem)
+                for e in s["nodes"]) and len(s["nodes"]) == 2 else None), timeout=30)
+        assert status["phase"] == "Ready"
+        reasons = [e.reason for e in client.list(Event, namespace="default",
+                                                 fields={"involvedObject.name": name})]
+        for reason in ("IMEXAuthorityIntroduced", "IMEXAuthoritySwitched", "IMEXAuthorityRotated"):
+            assert reason in reasons, reasons
+        for n in members:
+            d = _dir(nodes[n], uid) / "tls"
+            assert (d / "ca.crt").read_text() == new_pem
+            cert = x509.load_pem_x509_certificate((d / "node.crt").read_bytes())
+            aki = cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+            assert aki is not None and aki.hex() == _key_id(new_pem)
+            assert _pid(nodes[n], uid) == pids[n], f"{n}'s IMEX daemon was restarted"
+            assert _ctl(nodes[n], nodes[n].address, ports.cmd)["status"] == "UP"
+        for pod, pod_uid in pods.items():
+            p = client.get(Pod, pod, namespace="default")
+            assert (p.metadata.uid, p.status.phase) == (pod_uid, "Running")
+            assert not [s for s in p.status.containerStatuses or [] if s.restartCount]
+        assert not stolen_credentials_authenticate(tmp_path / "after"), \
+            "a certificate made with the retired authority's key is still accepted"
+    finally:
+        for proc in intruders:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        _cleanup(client, name, 2)

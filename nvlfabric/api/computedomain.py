@@ -391,6 +391,15 @@ class NodeStatus(_Status):
                                            "prepared for this ComputeDomain.")
     message: str | None = Field(None, max_length=1024,
                                 description="Human-readable detail, e.g. why the node is not ready.")
+    imex_trusts: str | None = Field(
+        None, alias="imexTrusts", pattern=r"^[0-9a-f]{16}$",
+        description="imexAuthentication TLS only: the authority bundle this node's IMEX daemon has loaded, as "
+                    "the first 16 hex digits of the SHA-256 of status.imexCABundle; how the controller knows "
+                    "every member trusts a new authority before it signs with it.")
+    imex_issuer: str | None = Field(
+        None, alias="imexIssuer", pattern=r"^[0-9a-f]{2,128}$",
+        description="imexAuthentication TLS only: the key identifier (hex) of the authority that signed this "
+                    "node's IMEX certificate; how the controller knows no member still uses a retiring one.")
 
 
 class GroupStatus(_Status):
@@ -462,8 +471,9 @@ class ComputeDomainStatus(_Status):
     imex_ca_bundle: str | None = Field(
         None, alias="imexCABundle", max_length=16384,
         description="imexAuthentication TLS only: the PEM certificate(s) of the domain's IMEX certificate "
-                    "authority, which the members' daemons trust. Public; the authority's key stays in a Secret "
-                    "of the controller's namespace.")
+                    "authority, which the members' daemons trust; the first is the one that signs. Two while the "
+                    "authority is replaced (annotation nvlfabric.io/rotate-imex-authority). Public; the "
+                    "authorities' keys stay in a Secret of the controller's namespace.")
     nodes: list[NodeStatus] = Field(
         default_factory=list,
         description="One entry per member node, keyed by name; each node's agent owns its own entry "
@@ -586,6 +596,12 @@ class NodeReport(BaseModel):
     namespace: str
     name: str
     entry: NodeStatus
+
+
+def imex_bundle_digest(bundle_pem: str) -> str:
+    """How a node reports the authority bundle its daemon trusts (NodeStatus.imex_trusts), and how
+    the controller recognises it: the first 16 hex digits of the SHA-256 of status.imexCABundle."""
+    return hashlib.sha256(bundle_pem.encode()).hexdigest()[:16]
 
 
 def node_report_key(namespace: str, name: str) -> str:

@@ -52,6 +52,9 @@ IMEX_CA_SECRET_PREFIX: Final = "imex-ca-"
 IMEX_TARGET_SUFFIX: Final = ".imex.nvlfabric.io"
 """Every certificate of a domain names `<domain uid>.imex.nvlfabric.io` (IMEX_SECURITY_TARGET_OVERRIDE)."""
 COMPUTE_DOMAIN_UID_LABEL: Final = "nvlfabric.io/compute-domain-uid"
+ROTATE_IMEX_AUTHORITY_ANNOTATION: Final = "nvlfabric.io/rotate-imex-authority"
+"""Set on a TLS ComputeDomain (any new value, e.g. a timestamp) to replace its authority under the
+running domain; the value last acted on is kept on the authority Secret (controller/imexauth.py)."""
 DEFAULT_IMEX_CERT_VALIDITY_S: Final = 24 * 3600
 """How long an IMEX node certificate lasts; agents renew it after two thirds."""
 MIN_IMEX_CERT_VALIDITY_S: Final = 10

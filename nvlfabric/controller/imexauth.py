@@ -19,6 +19,18 @@ controller signs a node's certificate for it only while that node is a member.
   rule failed. A request from a node whose report has not arrived yet waits `MEMBERSHIP_WAIT_S`
   before it is denied (the report and the request are written a moment apart).
 
+Replacing the authority under a running domain (annotation nvlfabric.io/rotate-imex-authority set
+to a new value, or the authority past two thirds of its life) goes in three steps, each taken only
+once every ready member reports it has followed the one before (`imexTrusts`, `imexIssuer` in its
+status entry), so no two members ever stop trusting each other and no link is dropped:
+1. introduce: a new authority is made and published after the current one (`status.imexCABundle`
+   holds both; the first one still signs). Members load the two-certificate bundle (SIGUSR1).
+2. switch: once every member trusts both, the new one signs and the old one follows it in the
+   bundle. Members see their certificate is not of the first authority and renew.
+3. retire: once every member's certificate is of the new authority, the old one leaves the bundle.
+The Secret keeps the state (`next.*` while introducing, `previous.crt` while switching, and the
+request value acted on), so a restarted controller goes on where it stopped.
+
 The pass only reads CertificateSigningRequests while some TLS domain exists, so a cluster without
 one pays nothing for this.
 """
@@ -49,6 +61,10 @@ from nvlfabric.kube.errors import api_call
 log = logging.getLogger("nvlfabric.controller.imexauth")
 
 CA_VALIDITY = datetime.timedelta(days=5 * 365)
+ROTATE_AFTER = 2 / 3
+"""An authority is replaced once two thirds of its life have passed (as node certificates are)."""
+HANDLED_ANNOTATION = f"{names.GROUP}/rotation-handled"
+"""On the authority Secret: the rotate-imex-authority value the controller last acted on."""
 BACKDATE = datetime.timedelta(seconds=60)
 """Certificates start a minute early: a member whose clock runs behind still accepts them."""
 MEMBERSHIP_WAIT_S = 15.0
@@ -74,12 +90,72 @@ class Authority:
     key: ec.EllipticCurvePrivateKey
     cert: x509.Certificate
 
+    @property
+    def key_id(self) -> str:
+        """The authority's key identifier (hex): what a node certificate it signed names as its issuer."""
+        return self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest.hex()
 
-def new_authority(namespace: str, name: str, uid: str, *, now: datetime.datetime | None = None) -> Authority:
+
+@dataclass(frozen=True)
+class Authorities:
+    """A TLS domain's authorities as its Secret keeps them: the one that signs, and during a
+    rotation the one coming in (trusted, not yet signing) or the one going out (trusted, no
+    longer signing)."""
+
+    signing: Authority
+    incoming: Authority | None = None
+    retiring_pem: str | None = None
+    handled: str = ""
+    """The rotate-imex-authority value last acted on."""
+
+    @property
+    def bundle(self) -> str:
+        """What the members trust, the signing authority first."""
+        return self.signing.cert_pem + (self.incoming.cert_pem if self.incoming else "") + (self.retiring_pem or "")
+
+    @property
+    def phase(self) -> str:
+        return "Introducing" if self.incoming else "Switching" if self.retiring_pem else ""
+
+
+def rotation_step(auth: Authorities, requested: str, members: Iterable[api.NodeStatus],
+                  now: datetime.datetime) -> str | None:
+    """The next step of the domain's authority rotation ("introduce", "switch", "retire"), or None
+    while there is none to take (pure). `members`: the domain's status entries; only ready ones
+    count (a joining node loads whatever the bundle is when it prepares)."""
+    ready = [m for m in members if m.ready]
+    if auth.incoming is not None:
+        digest = api.imex_bundle_digest(auth.bundle)
+        return "switch" if all(m.imex_trusts == digest for m in ready) else None
+    if auth.retiring_pem is not None:
+        return "retire" if all(m.imex_issuer == auth.signing.key_id for m in ready) else None
+    if requested and requested != auth.handled:
+        return "introduce"
+    start, end = auth.signing.cert.not_valid_before_utc, auth.signing.cert.not_valid_after_utc
+    return "introduce" if now >= start + (end - start) * ROTATE_AFTER else None
+
+
+def rotation_waits_for(auth: Authorities, members: Iterable[api.NodeStatus]) -> list[str]:
+    """The ready members the current rotation step waits for (pure; [] outside a rotation)."""
+    ready = [m for m in members if m.ready]
+    if auth.incoming is not None:
+        digest = api.imex_bundle_digest(auth.bundle)
+        return sorted(m.name for m in ready if m.imex_trusts != digest)
+    if auth.retiring_pem is not None:
+        return sorted(m.name for m in ready if m.imex_issuer != auth.signing.key_id)
+    return []
+
+
+def new_authority(namespace: str, name: str, uid: str, *, now: datetime.datetime | None = None,
+                  generation: int = 1) -> Authority:
+    """A self-signed authority for the domain; `generation` > 1 (a replacement) is in its name, so
+    the two authorities of a rotation are told apart by name as well as by key identifier."""
     now = now or datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
+    suffix = f" g{generation}" if generation > 1 else ""
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nvlfabric"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"IMEX {namespace}/{name} {uid}"[:64])])
+                         x509.NameAttribute(NameOID.COMMON_NAME,
+                                            f"IMEX {namespace}/{name} {uid}"[:64 - len(suffix)] + suffix)])
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - BACKDATE)
             .not_valid_after(now + CA_VALIDITY)
@@ -92,13 +168,49 @@ def new_authority(namespace: str, name: str, uid: str, *, now: datetime.datetime
     return Authority(cert.public_bytes(serialization.Encoding.PEM).decode(), key, cert)
 
 
-def _authority_of(secret: Secret) -> Authority:
-    data = secret.data or {}
-    cert_pem = base64.b64decode(data["tls.crt"]).decode()
-    key = serialization.load_pem_private_key(base64.b64decode(data["tls.key"]), password=None)
+def _authority(data: Mapping[str, str], prefix: str) -> Authority:
+    cert_pem = base64.b64decode(data[f"{prefix}.crt"]).decode()
+    key = serialization.load_pem_private_key(base64.b64decode(data[f"{prefix}.key"]), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError("the authority's key is not an EC key")
     return Authority(cert_pem, key, x509.load_pem_x509_certificate(cert_pem.encode()))
+
+
+def _authorities_of(secret: Secret) -> Authorities:
+    data = secret.data or {}
+    annotations = (secret.metadata.annotations if secret.metadata else None) or {}
+    return Authorities(_authority(data, "tls"), _authority(data, "next") if "next.crt" in data else None,
+                       base64.b64decode(data["previous.crt"]).decode() if "previous.crt" in data else None,
+                       annotations.get(HANDLED_ANNOTATION, ""))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _key_pem(authority: Authority) -> str:
+    return authority.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()).decode()
+
+
+def secret_data(auth: Authorities) -> dict[str, str | None]:
+    """The Secret's data for `auth`, as a merge patch (None: the key goes)."""
+    return {"tls.crt": _b64(auth.signing.cert_pem), "tls.key": _b64(_key_pem(auth.signing)),
+            "next.crt": _b64(auth.incoming.cert_pem) if auth.incoming else None,
+            "next.key": _b64(_key_pem(auth.incoming)) if auth.incoming else None,
+            "previous.crt": _b64(auth.retiring_pem) if auth.retiring_pem else None}
+
+
+def advanced(auth: Authorities, step: str, requested: str, namespace: str, name: str, uid: str,
+             generation: int) -> Authorities:
+    """`auth` after `step` (pure apart from making a key for "introduce")."""
+    if step == "introduce":
+        return Authorities(auth.signing, new_authority(namespace, name, uid, generation=generation),
+                           None, requested or auth.handled)
+    if step == "switch":
+        assert auth.incoming is not None
+        return Authorities(auth.incoming, None, auth.signing.cert_pem, auth.handled)
+    return Authorities(auth.signing, None, None, auth.handled)
 
 
 class Verdict(Exception):
@@ -208,7 +320,7 @@ class Issuer:
     def __init__(self, client: Client, *, validity_s: float = names.DEFAULT_IMEX_CERT_VALIDITY_S) -> None:
         self.client = client
         self.validity_s = validity_s
-        self._authorities: dict[str, Authority] = {}
+        self._authorities: dict[str, Authorities] = {}
         self._secrets: set[str] | None = None
         """Domain uids whose authority Secret exists (read once, then kept as written and deleted)."""
 
@@ -221,26 +333,25 @@ class Issuer:
                                  for s in found if s.metadata}
         return self._secrets
 
-    def authority(self, namespace: str, name: str, uid: str) -> Authority:
-        """The domain's authority: from its Secret, made and stored on first use."""
+    def authorities(self, namespace: str, name: str, uid: str, requested: str = "") -> Authorities:
+        """The domain's authorities: from its Secret, made and stored on first use (a rotation
+        request the domain already carries then is taken as done: the authority is new)."""
         if uid in self._authorities:
             return self._authorities[uid]
         secret_name = f"{names.IMEX_CA_SECRET_PREFIX}{uid}"
         try:
             with api_call(f"read Secret {names.NAMESPACE}/{secret_name}"):
-                authority = _authority_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
+                auth = _authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
         except errors.NotFound:
-            authority = new_authority(namespace, name, uid)
+            auth = Authorities(new_authority(namespace, name, uid), handled=requested)
+            data = {k: v for k, v in secret_data(auth).items() if v is not None}
             secret = Secret(
                 metadata=ObjectMeta(name=secret_name, namespace=names.NAMESPACE,
                                     labels={names.COMPUTE_DOMAIN_UID_LABEL: uid,
                                             "app.kubernetes.io/part-of": "nvlfabric"},
-                                    annotations={f"{names.GROUP}/compute-domain": f"{namespace}/{name}"}),
-                type="kubernetes.io/tls",
-                data={"tls.crt": base64.b64encode(authority.cert_pem.encode()).decode(),
-                      "tls.key": base64.b64encode(authority.key.private_bytes(
-                          serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                          serialization.NoEncryption())).decode()})
+                                    annotations={f"{names.GROUP}/compute-domain": f"{namespace}/{name}",
+                                                 HANDLED_ANNOTATION: requested}),
+                type="kubernetes.io/tls", data=data)
             try:
                 with api_call(f"create Secret {names.NAMESPACE}/{secret_name}"):
                     self.client.create(secret)
@@ -248,10 +359,42 @@ class Issuer:
                          names.NAMESPACE, secret_name)
             except errors.AlreadyExists:  # another replica won the race: use what it stored
                 with api_call(f"read Secret {names.NAMESPACE}/{secret_name}"):
-                    authority = _authority_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
-        self._authorities[uid] = authority
+                    auth = _authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
+        self._authorities[uid] = auth
         self._known_secrets().add(uid)
-        return authority
+        return auth
+
+    def rotate(self, namespace: str, name: str, uid: str, requested: str, members: Iterable[api.NodeStatus], *,
+               now: datetime.datetime | None = None) -> tuple[Authorities, str | None]:
+        """The domain's authorities after the rotation step now due, if any, stored in its Secret
+        first (what the members are then told follows what a restarted controller would read);
+        and the step taken. No API call when no step is due."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        auth = self.authorities(namespace, name, uid, requested)
+        members = list(members)
+        step = rotation_step(auth, requested, members, now)
+        if step is None:
+            return auth, None
+        generation = self._generation(auth)
+        new = advanced(auth, step, requested, namespace, name, uid, generation)
+        secret_name = f"{names.IMEX_CA_SECRET_PREFIX}{uid}"
+        with api_call(f"update Secret {names.NAMESPACE}/{secret_name} (IMEX authority rotation: {step})"):
+            self.client.patch(Secret, secret_name, {"metadata": {"annotations": {HANDLED_ANNOTATION: new.handled}},
+                                                    "data": secret_data(new)},
+                              namespace=names.NAMESPACE, patch_type=PatchType.MERGE)
+        self._authorities[uid] = new
+        log.info("ComputeDomain %s/%s: IMEX authority rotation: %s (%d ready member(s))", namespace, name,
+                 {"introduce": "a new authority is trusted beside the current one",
+                  "switch": "the new authority signs; members renew their certificates",
+                  "retire": "the old authority is no longer trusted; rotation complete"}[step],
+                 sum(1 for m in members if m.ready))
+        return new, step
+
+    @staticmethod
+    def _generation(auth: Authorities) -> int:
+        cn = auth.signing.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        last = str(cn[0].value).rsplit(" g", 1) if cn else []
+        return (int(last[1]) if len(last) == 2 and last[1].isdigit() else 1) + 1
 
     def collect(self, live: Iterable[str]) -> None:
         """Delete the authorities of domains that are gone (their certificates then chain to nothing)."""
@@ -287,7 +430,7 @@ class Issuer:
                         continue
                     raise Verdict("NotADomainMember", f"{exc}; certificates of a domain's authority go to its "
                                                       "members only") from None
-                authority = self.authority(domain.namespace, domain.name, domain.uid)
+                authority = self.authorities(domain.namespace, domain.name, domain.uid).signing
                 self._answer(name, "Approved", "DomainMember",
                              f"node {node} is a member of ComputeDomain {domain.namespace}/{domain.name}")
                 pem = sign(authority, req, node, domain, self.validity_s, now=now)

@@ -45,7 +45,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import feasibility, imexauth, pools
+from nvlfabric.controller import feasibility, imexauth, pools, reservations
 from nvlfabric.controller.admission import Admitter
 from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
     AgentNode,
@@ -211,6 +211,15 @@ def free_channels(allocations: Iterable[tuple[str, int] | None], per_clique: int
 
 
 OWNER_TTL_S = 10.0
+ROTATION_EVENTS = {
+    "introduce": ("IMEXAuthorityIntroduced", "a new IMEX authority is trusted beside the current one "
+                                             "(status.imexCABundle holds both); it signs once every ready member "
+                                             "trusts it"),
+    "switch": ("IMEXAuthoritySwitched", "the new IMEX authority signs; members renew their certificates, and the "
+                                        "old authority is dropped once none uses it"),
+    "retire": ("IMEXAuthorityRotated", "the old IMEX authority is no longer trusted: rotation complete"),
+}
+"""The Events (reason, message) of an authority rotation's steps (controller/imexauth.py)."""
 """How long the DeviceClass read for the pools' owner is trusted while the informers watch."""
 
 
@@ -332,7 +341,8 @@ class Controller:
             blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
             members = entries.get((cd.metadata.namespace or "default", cd.metadata.name), [])
             inputs = ((obj.metadata.resourceVersion if obj.metadata else None), claim_rvs, blocked, slots.get(key),
-                      tuple((e.name, e.address, e.clique, e.ready, e.message, unhealthy.get(e.name)) for e in members),
+                      tuple((e.name, e.address, e.clique, e.ready, e.message, e.imex_trusts, e.imex_issuer,
+                             unhealthy.get(e.name)) for e in members),
                       auth)
             if self._domain_seen.get(key) == inputs:
                 continue  # nothing it is summarised from changed since its last pass
@@ -365,10 +375,18 @@ class Controller:
             return {"imexAuthentication": mode.value}
         namespace, name = cd.metadata.namespace or "default", cd.metadata.name
         uid = str((obj.metadata.uid if obj.metadata else None) or "")
-        authority = self.issuer.authority(namespace, name, uid)
-        tls[uid] = imexauth.TlsDomain(namespace, name, uid,
-                                      frozenset(e.name for e in entries.get((namespace, name), ())))
-        return {"imexAuthentication": mode.value, "imexCABundle": authority.cert_pem}
+        members = entries.get((namespace, name), ())
+        requested = ((obj.metadata.annotations if obj.metadata else None) or {}).get(
+            names.ROTATE_IMEX_AUTHORITY_ANNOTATION, "")
+        auth, step = self.issuer.rotate(namespace, name, uid, requested, members)
+        if step is not None:
+            waits = imexauth.rotation_waits_for(auth, members)
+            reservations.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid,
+                               ROTATION_EVENTS[step][0], ROTATION_EVENTS[step][1] + (
+                                   f"; waiting for {len(waits)} member(s): {', '.join(waits[:8])}"
+                                   f"{' ...' if len(waits) > 8 else ''}" if waits else ""), type_="Normal")
+        tls[uid] = imexauth.TlsDomain(namespace, name, uid, frozenset(e.name for e in members))
+        return {"imexAuthentication": mode.value, "imexCABundle": auth.bundle}
 
     def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
                           port_slot: int | None, unhealthy: Mapping[str, str] | None = None,

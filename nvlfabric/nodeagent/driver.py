@@ -162,6 +162,8 @@ class ChannelDriver:
         """The IMEX domains this process has used; with a keeper, handles on the keeper's daemons."""
         self._unreported: dict[tuple[str, str], tuple[bool, str | None]] = {}
         """ComputeDomain (namespace, name) → the node entry whose write failed, to be tried again."""
+        self._held: dict[tuple[str, str], tuple[str, str] | None] = {}
+        """TLS ComputeDomain (namespace, name) → the credentials this node reports it holds (imexauth.held)."""
         self._answers: dict[str, str] = {}
         """Completed claims this process has answered, with the request name they were answered for:
         the warm path rebuilds its reply from the entry (see the module doc). Only the (interned)
@@ -427,20 +429,24 @@ class ChannelDriver:
                                "IMEX authority yet (status.imexCABundle, set by the nvlfabric controller of release "
                                "0.2 or later; is it running?); the kubelet will retry")
         domain = self._domain(domain_id, view.slot, view.tls_target)
-        if view.tls_target:
-            self._credentials(domain, uid, view.bundle, deadline, namespace, name)
+        held = self._credentials(domain, uid, view.bundle, deadline, namespace, name) if view.tls_target else None
         self._run_until_ready(domain, view.members, deadline,
                               f"dedicated IMEX daemon of ComputeDomain {namespace}/{name}")
+        self._held[(namespace, name)] = held
 
     def _credentials(self, domain: imex.ImexDomain, uid: str, bundle: str, deadline: float, namespace: str,
-                     name: str) -> None:
-        """This node's key, certificate and the domain's authority in the domain's tls/ (a new
-        certificate when it has none, or one of another authority, or one due for renewal)."""
+                     name: str) -> tuple[str, str] | None:
+        """This node's key, certificate and the domain's authorities in the domain's tls/ (a new
+        certificate when it has none, or one not of the signing authority, or one due for
+        renewal); returns what it then holds (imexauth.held), which the daemon loads at its next
+        `_run`."""
         from nvlfabric.nodeagent import imexauth  # cryptography: only where a TLS domain runs
 
         files = imexauth.Files.of(domain.dir)
         try:
-            imexauth.write_bundle(files, bundle)
+            if imexauth.write_bundle(files, bundle):
+                log.info("IMEX domain %s: trusts %d authorit%s now", domain.domain_id, bundle.count("BEGIN CERT"),
+                         "y" if bundle.count("BEGIN CERT") == 1 else "ies")
             why = imexauth.due(files, bundle)
             if why is not None:
                 log.info("IMEX domain %s: asking for a certificate (%s)", domain.domain_id, why)
@@ -448,6 +454,7 @@ class ChannelDriver:
         except (imexauth.CredentialsError, errors.ApiStatusError, OSError, ValueError) as exc:
             raise PrepareError(f"IMEX credentials of ComputeDomain {namespace}/{name} on node {self.node.name}: "
                                f"{exc}") from exc
+        return imexauth.held(files)
 
     def _release_domain(self, entry: checkpoint.ClaimEntry) -> None:
         """Stop a dedicated domain's daemon once no claim here needs it (the clique's domain stays)."""
@@ -502,8 +509,10 @@ class ChannelDriver:
         agents applying their entries to one object made the API server retry each apply many
         times over (bench/e2e job288: 110 applies, ~1200 s of summed latency, the domain Ready
         only 17 s after its last pod ran); a write of one's own Node never contends."""
+        held = self._held.get((namespace, name))
         report = api.node_report(namespace, name, api.NodeStatus(
-            name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message))
+            name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message,
+            imex_trusts=held[0] if held else None, imex_issuer=held[1] if held and held[1] else None))
         try:
             self.client.patch(kubeapi.path("v1", "nodes", self.node.name), {"metadata": {"annotations": report}})
         except errors.NotFound:
@@ -560,6 +569,7 @@ class ChannelDriver:
     def _withdraw(self, namespace: str, cd_name: str) -> None:
         """Remove this node's report for the domain from its Node (the controller drops the entry)."""
         self._unreported.pop((namespace, cd_name), None)
+        self._held.pop((namespace, cd_name), None)
         body = {"metadata": {"annotations": {api.node_report_key(namespace, cd_name): None}}}
         try:
             self.client.patch(kubeapi.path("v1", "nodes", self.node.name), body)
@@ -668,6 +678,8 @@ class ChannelDriver:
         for e in self.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
             needed.setdefault(e.allocation.imex_domain_id, e)
         for domain_id, entry in sorted(needed.items()):
+            reported: tuple[str, str] | None = None
+            held: tuple[str, str] | None = None
             try:
                 if domain_id.startswith("cd-"):
                     a = entry.allocation
@@ -675,10 +687,11 @@ class ChannelDriver:
                     if not view.complete or view.slot is None:
                         continue
                     domain, members = self._domain(domain_id, view.slot, view.tls_target), view.members
-                    if view.tls_target:  # renewal: new files here, SIGUSR1 in _run below
-                        self._credentials(domain, a.compute_domain_uid, view.bundle,
-                                          time.monotonic() + CREDENTIALS_WAIT_S, entry.claim.namespace,
-                                          a.compute_domain_name)
+                    if view.tls_target:  # renewal, new authorities: new files here, SIGUSR1 in _run below
+                        held = self._credentials(domain, a.compute_domain_uid, view.bundle,
+                                                 time.monotonic() + CREDENTIALS_WAIT_S, entry.claim.namespace,
+                                                 a.compute_domain_name)
+                        reported = (entry.claim.namespace, a.compute_domain_name)
                 elif dedicated_only:
                     continue
                 else:
@@ -688,6 +701,10 @@ class ChannelDriver:
                     domain, members = self._domain(domain_id), self._clique_members(clique)
                 status = domain.poll()
                 done = self._run(domain, members)
+                if reported is not None and self._held.get(reported) != held:
+                    # The daemon has loaded them: the controller paces an authority rotation by this.
+                    self._held[reported] = held
+                    self._report(*reported, ready=True, message=None)
                 if done == "started":
                     log.warning("IMEX domain %s: daemon was not running (exit status %s); started it", domain_id,
                                 status)

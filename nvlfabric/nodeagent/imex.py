@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import hashlib
 import ipaddress
 import itertools
 import os
@@ -94,16 +93,15 @@ TLS_CA = "tls/ca.crt"
 """A TLS domain's credentials, relative to its directory (written by the agent, nodeagent/imexauth.py)."""
 
 
-def tls_fingerprint(domain_dir: Path) -> str:
-    """A hash of a TLS domain's three credential files ("" while one is missing): what a daemon
-    that loaded them runs with, so a change means "SIGUSR1 to load the new ones"."""
-    h = hashlib.sha256()
+def tls_fingerprint(domain_dir: Path) -> bytes:
+    """A TLS domain's three credential files, as they are now (b"" while one is missing): what a
+    daemon that loaded them runs with, so a difference means "SIGUSR1 to load the new ones". The
+    contents themselves (a few KB), not a hash of them: exact, and hashlib would load OpenSSL's
+    libcrypto into the keeper, +3.7 MB of its ~17 MB (docs/architecture.md "Scale")."""
     try:
-        for rel in (TLS_KEY, TLS_CERT, TLS_CA):
-            h.update((domain_dir / rel).read_bytes())
+        return b"\0".join((domain_dir / rel).read_bytes() for rel in (TLS_KEY, TLS_CERT, TLS_CA))
     except FileNotFoundError:
-        return ""
-    return h.hexdigest()[:16]
+        return b""
 
 
 def is_domain_id(value: str) -> bool:
@@ -483,7 +481,7 @@ class ImexDomain:
             IMEX_NODE_DISCONNECTED_GRACE_TIME=grace_time, **tls,  # type: ignore[arg-type]
         )
         self.tls_target = tls_target
-        self._tls_loaded = ""
+        self._tls_loaded = b""
         """The credential files' fingerprint when the daemon last loaded them (start or SIGUSR1)."""
         self.ctl_timeout = ctl_timeout
         self.stop_timeout = stop_timeout
@@ -509,7 +507,7 @@ class ImexDomain:
 
     def _adopt(self, pid: int, members: list[str]) -> None:
         self._proc, self._adopted, self._members = None, pid, members
-        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else ""
+        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else b""
         _atomic_write(self.pid_path, f"{pid}\n")
 
     def _running(self) -> bool:
@@ -602,7 +600,7 @@ class ImexDomain:
         _check_port_free(self.bind_address, self.config.IMEX_CMD_PORT, "IMEX command port (IMEX_CMD_PORT)")
         if self.log_path.exists():
             os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
-        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else ""
+        self._tls_loaded = tls_fingerprint(self.dir) if self.tls_target else b""
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 [str(self.imex_binary), "-c", str(self.config_path)],

@@ -8,6 +8,12 @@ nvlfabric/controller/imexauth.py) and `ca.crt` (the authority's certificate, fro
 client side, and `IMEX_SECURITY_TARGET_OVERRIDE=<uid>.imex.nvlfabric.io`, the name every
 certificate of the domain carries.
 
+The agent reports what it holds in its status entry (`imexTrusts`: the digest of the bundle its
+daemon loaded; `imexIssuer`: its certificate's authority), which is how the controller paces an
+authority rotation: it signs with a new authority only once every member trusts it, and drops the
+old one only once no member's certificate is of it. The bundle's first authority is the one that
+signs; a certificate of another one is renewed.
+
 Renewal under a running domain: once two thirds of a certificate's life (counted from when it was
 written here) have passed, a new key and certificate replace the files (the key first, then the
 certificate, each atomically) and the daemon gets SIGUSR1, which makes it load them for new links
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.nodeagent import files, imex, kubeapi
 
@@ -69,13 +76,49 @@ def due(f: Files, bundle: str, *, now: float | None = None) -> str | None:
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
         return "its key does not match its certificate"
-    issuers = {c.subject for c in x509.load_pem_x509_certificates(bundle.encode())} if bundle else set()
-    if cert.issuer not in issuers:
-        return "its certificate is of another authority"
+    authorities = x509.load_pem_x509_certificates(bundle.encode()) if bundle else []
+    if not authorities or _issuer_id(cert) != _key_id(authorities[0]):
+        # The bundle's first authority is the one that signs: a certificate of another one (a
+        # retiring authority's, during a rotation) is replaced while both are still trusted.
+        return ("its certificate is of an authority being retired" if any(
+            _issuer_id(cert) == _key_id(a) for a in authorities) else "its certificate is of another authority")
     end = cert.not_valid_after_utc.timestamp()
     if now >= written + RENEW_AFTER * max(0.0, end - written):
         return "its certificate is due for renewal"
     return None
+
+
+def _key_id(ca: Any) -> str:
+    from cryptography import x509
+
+    try:
+        return str(ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest.hex())
+    except x509.ExtensionNotFound:
+        return f"subject:{ca.subject.rfc4514_string()}"
+
+
+def _issuer_id(cert: Any) -> str:
+    from cryptography import x509
+
+    try:
+        kid = cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+    except x509.ExtensionNotFound:
+        kid = None
+    return str(kid.hex()) if kid else f"subject:{cert.issuer.rfc4514_string()}"
+
+
+def held(f: Files) -> tuple[str, str] | None:
+    """What this node reports for the domain (status entry imexTrusts, imexIssuer): the digest of the
+    bundle in its ca.crt and the key identifier of its certificate's authority; None while a file
+    is missing or does not parse."""
+    from cryptography import x509
+
+    try:
+        bundle, cert = f.ca.read_text(), x509.load_pem_x509_certificate(f.cert.read_bytes())
+    except (OSError, ValueError):
+        return None
+    issuer = _issuer_id(cert)
+    return api.imex_bundle_digest(bundle), ("" if issuer.startswith("subject:") else issuer)
 
 
 def write_bundle(f: Files, bundle: str) -> bool:

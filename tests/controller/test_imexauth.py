@@ -112,3 +112,82 @@ def test_what_a_domain_runs_with(spec: dict[str, str], status: dict[str, str] | 
                              api.ComputeDomainStatus.model_validate(status) if status else None,
                              api.IMEXAuthentication(default))
     assert (got.value if got else None) == expected
+
+
+# -- replacing the authority under a running domain -------------------------------------------------
+
+NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
+
+
+def _member(name: str, trusts: str | None = None, issuer: str | None = None, ready: bool = True) -> api.NodeStatus:
+    return api.NodeStatus(name=name, ready=ready, imex_trusts=trusts, imex_issuer=issuer)
+
+
+def _node_cert(authority: imexauth.Authority, node: str = "node-1") -> x509.Certificate:
+    _, _, req = imexauth.check_request(_csr(_request(cn=names.imex_node_subject(node)), node=node), {UID: DOMAIN})
+    return x509.load_pem_x509_certificate(imexauth.sign(authority, req, node, DOMAIN, 3600, now=NOW).encode())
+
+
+def test_a_rotation_goes_introduce_switch_retire_each_step_once_every_ready_member_followed() -> None:
+    first = imexauth.Authorities(imexauth.new_authority("team-a", "train", UID, now=NOW))
+    old_digest, old_id = api.imex_bundle_digest(first.bundle), first.signing.key_id
+    steady = [_member("node-1", old_digest, old_id), _member("node-2", old_digest, old_id),
+              _member("node-3", ready=False)]  # a joining node loads whatever is current when it prepares
+    assert imexauth.rotation_step(first, "", steady, NOW) is None
+    assert imexauth.rotation_step(first, "incident-1", steady, NOW) == "introduce"
+
+    introducing = imexauth.advanced(first, "introduce", "incident-1", "team-a", "train", UID, generation=2)
+    assert (introducing.phase, introducing.handled) == ("Introducing", "incident-1")
+    assert introducing.signing == first.signing, "the new authority must not sign before every member trusts it"
+    assert introducing.incoming is not None and introducing.incoming.key_id != old_id
+    assert introducing.bundle == first.signing.cert_pem + introducing.incoming.cert_pem
+    assert introducing.incoming.cert.subject != first.signing.cert.subject  # told apart by name too (" g2")
+    both = api.imex_bundle_digest(introducing.bundle)
+    half = [_member("node-1", both, old_id), _member("node-2", old_digest, old_id)]
+    assert imexauth.rotation_step(introducing, "incident-1", half, NOW) is None
+    assert imexauth.rotation_waits_for(introducing, half) == ["node-2"]
+    trusted = [_member("node-1", both, old_id), _member("node-2", both, old_id), _member("node-3", ready=False)]
+    assert imexauth.rotation_step(introducing, "incident-1", trusted, NOW) == "switch"
+
+    switching = imexauth.advanced(introducing, "switch", "incident-1", "team-a", "train", UID, generation=2)
+    assert switching.phase == "Switching" and switching.signing == introducing.incoming
+    assert switching.bundle == introducing.incoming.cert_pem + first.signing.cert_pem, "the signing one comes first"
+    new_id, digest = switching.signing.key_id, api.imex_bundle_digest(switching.bundle)
+    renewing = [_member("node-1", digest, new_id), _member("node-2", digest, old_id)]
+    assert imexauth.rotation_step(switching, "incident-1", renewing, NOW) is None
+    assert imexauth.rotation_waits_for(switching, renewing) == ["node-2"]
+    renewed = [_member("node-1", digest, new_id), _member("node-2", digest, new_id)]
+    assert imexauth.rotation_step(switching, "incident-1", renewed, NOW) == "retire"
+
+    done = imexauth.advanced(switching, "retire", "incident-1", "team-a", "train", UID, generation=2)
+    assert (done.phase, done.bundle, done.handled) == ("", switching.signing.cert_pem, "incident-1")
+    assert imexauth.rotation_step(done, "incident-1", renewed, NOW) is None, "the same request is acted on once"
+    assert imexauth.rotation_step(done, "incident-2", renewed, NOW) == "introduce"
+
+
+def test_an_authority_past_two_thirds_of_its_life_is_replaced_without_being_asked() -> None:
+    auth = imexauth.Authorities(imexauth.new_authority("team-a", "train", UID, now=NOW))
+    life = imexauth.CA_VALIDITY
+    assert imexauth.rotation_step(auth, "", [], NOW + life * 0.6) is None
+    assert imexauth.rotation_step(auth, "", [], NOW + life * 0.7) == "introduce"
+
+
+def test_the_secret_holds_every_step_and_reads_back_as_written() -> None:
+    first = imexauth.Authorities(imexauth.new_authority("team-a", "train", UID, now=NOW))
+    introducing = imexauth.advanced(first, "introduce", "r1", "team-a", "train", UID, generation=2)
+    switching = imexauth.advanced(introducing, "switch", "r1", "team-a", "train", UID, generation=2)
+    for auth, keys in ((first, {"tls.crt", "tls.key"}), (introducing, {"tls.crt", "tls.key", "next.crt", "next.key"}),
+                       (switching, {"tls.crt", "tls.key", "previous.crt"})):
+        data = {k: v for k, v in imexauth.secret_data(auth).items() if v is not None}
+        assert set(data) == keys
+        secret = imexauth.Secret.from_dict({"metadata": {"name": "s", "annotations": {
+            imexauth.HANDLED_ANNOTATION: auth.handled}}, "data": data})
+        back = imexauth._authorities_of(secret)
+        assert (back.bundle, back.phase, back.handled, back.signing.key_id) == (
+            auth.bundle, auth.phase, auth.handled, auth.signing.key_id)
+
+
+def test_a_node_certificate_names_its_authority_by_key_id() -> None:
+    authority = imexauth.new_authority("team-a", "train", UID, now=NOW)
+    aki = _node_cert(authority).extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert aki.key_identifier is not None and aki.key_identifier.hex() == authority.key_id
