@@ -25,13 +25,16 @@ For each Workload with its quota reserved and this check Pending:
   field manager, owning its one entry of `status.admissionChecks` (a list keyed by name), as
   Kueue's own check controllers do.
 
-Every AdmissionCheck of this controllerName is marked Active. A cluster without Kueue costs one
-failed list a minute.
+Every AdmissionCheck of this controllerName is marked Active. Workloads and checks are read from
+informers, so a pass costs no request; a workload answered Retry waits a back-off before it is
+placed again, unless room comes back (`Admitter`). A cluster without Kueue costs one failed list a
+minute.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import errors
 from nvlfabric.api.names import CLIQUE_LABEL, KUEUE_API_VERSION, PLACEMENT_CHECK_CONTROLLER
 from nvlfabric.controller import placement
+from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.reservations import NO_ROOM_EVENT_S, Reserver, event
 from nvlfabric.kube.errors import api_call
 
@@ -54,9 +58,13 @@ _GROUP, _VERSION = KUEUE_API_VERSION.split("/")
 Workload = create_namespaced_resource(_GROUP, _VERSION, "Workload", "workloads")
 AdmissionCheck = create_global_resource(_GROUP, _VERSION, "AdmissionCheck", "admissionchecks")
 POLL_S = 1.0
-"""How often workloads are looked at while Kueue is installed."""
+"""Passes are at least this far apart (a burst of changes is one pass)."""
+WAKE_S = 10.0
+"""... and at most this far, changes or not, while Kueue is installed."""
+RETRY_MAX_S = 30.0
+"""The longest a workload answered Retry waits before it is placed again (room freed ends it sooner)."""
 ABSENT_POLL_S = 60.0
-"""... and how often whether it is, while it is not."""
+"""How often whether Kueue is installed is looked at, while it is not."""
 FIELD_MANAGER = PLACEMENT_CHECK_CONTROLLER
 
 
@@ -141,21 +149,70 @@ def _raw(obj: Any) -> dict[str, Any]:
     return dict(obj.to_dict())
 
 
+def workload_record(obj: Any) -> dict[str, Any]:
+    """A Workload as the passes read it: its dict without managedFields (the bulk of a status-
+    written object, read by nobody here)."""
+    raw = _raw(obj)
+    (raw.get("metadata") or {}).pop("managedFields", None)
+    return raw
+
+
+def retry_after_s(failures: int) -> float:
+    """How long a workload that could not be placed `failures` times in a row waits before it is
+    placed again, unless room is freed first: 1, 2, 4 ... RETRY_MAX_S."""
+    return float(min(RETRY_MAX_S, 2 ** max(0, failures - 1)))
+
+
+def frees_room(old: Any, new: Any) -> bool:
+    """Whether an informer change gives GPUs or a channel back (a bound pod gone or finished; a
+    claim deleted or deallocated): what ends the waiting workloads' back-off. Records compare
+    as cache.py keeps them: (node, gpus, finished) for pods, ClaimRecord for claims."""
+    if old is None:
+        return False
+    if new is None:
+        return True
+    if isinstance(old, tuple):  # a bound pod: (node, gpus, finished)
+        return bool(new[2]) and not old[2]
+    return getattr(old, "allocation", None) is not None and getattr(new, "allocation", None) is None
+
+
 class Admitter:
-    """Answers this controller's Kueue admission checks, placing through `reserver`."""
+    """Answers this controller's Kueue admission checks, placing through `reserver`.
+
+    Workloads and AdmissionChecks come from informers (a list and a watch each, started once
+    Kueue's API is served), so a pass reads memory, not the API server. A pass runs when either
+    changes, and at least every WAKE_S. A workload answered Retry is placed again only after its
+    back-off (`retry_after_s`), or as soon as a pod or claim gives room back: without it each
+    waiting workload cost a placement and a status write per second (Kueue resets Retry to
+    Pending as it requeues)."""
 
     def __init__(self, client: Client, reserver: Reserver) -> None:
         self.client, self.reserver = client, reserver
+        self.workloads: Informer[dict[str, Any]] = Informer(client, Workload, slim=workload_record,
+                                                             name="Workload")
+        self.checks: Informer[dict[str, Any]] = Informer(client, AdmissionCheck, namespaced=False,
+                                                         slim=workload_record, name="AdmissionCheck")
+        self._wake = threading.Event()
+        for inf in (self.workloads, self.checks):
+            inf.listen(lambda kind, key, old, new: self._wake.set())
+        for room in (reserver.cache.bound_pods, reserver.cache.claims):
+            room.listen(self._room_changed)
         self._said: dict[tuple[str, str], tuple[str, str]] = {}  # workload → (state, message) last written
         self._told: dict[tuple[str, str], tuple[str, float]] = {}  # workload → (Event message, when) of its last
+        self._waiting: dict[tuple[str, str], tuple[int, float, int]] = {}
+        """Workload → (Retry answers in a row, when to try again, the room epoch it was judged in)."""
+        self._room_epoch = 0  # counts room given back; a waiting workload judged before is due at once
+
+    def _room_changed(self, kind: str, key: Any, old: Any, new: Any) -> None:
+        if frees_room(old, new):
+            self._room_epoch += 1
+            if self._waiting:
+                self._wake.set()
 
     def _checks(self) -> set[str]:
         """The AdmissionChecks this controller answers (marking each Active)."""
         names = set()
-        with api_call("list Kueue AdmissionChecks"):
-            listed = list(self.client.list(AdmissionCheck))
-        for ac in listed:
-            raw = _raw(ac)
+        for raw in self.checks.fresh().values():
             if (raw.get("spec") or {}).get("controllerName") != PLACEMENT_CHECK_CONTROLLER:
                 continue
             name = raw["metadata"]["name"]
@@ -171,23 +228,39 @@ class Admitter:
                         patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
         return names
 
-    def pass_once(self) -> None:
+    def pass_once(self) -> float:
+        """One pass over the pending workloads; returns how long until a waiting one is due (or WAKE_S)."""
         checks = self._checks()
         if not checks:
-            return
-        with api_call("list Kueue Workloads"):
-            workloads = [_raw(wl) for wl in self.client.list(Workload, namespace="*")]
+            return WAKE_S
+        workloads = list(self.workloads.fresh().values())
         present = {(str(w["metadata"].get("namespace")), str(w["metadata"].get("name"))) for w in workloads}
-        for gone in (self._said.keys() | self._told.keys()) - present:
+        for gone in (self._said.keys() | self._told.keys() | self._waiting.keys()) - present:
             self._said.pop(gone, None)
             self._told.pop(gone, None)
+            self._waiting.pop(gone, None)
+        now, due = time.monotonic(), WAKE_S
         for raw in workloads:
+            key = (str(raw["metadata"].get("namespace")), str(raw["metadata"].get("name")))
             check = pending_check(raw, checks)
             if check is None:
+                self._waiting.pop(key, None)
                 continue
+            failures, next_try, epoch = self._waiting.get(key, (0, 0.0, 0))
+            if next_try > now and epoch == self._room_epoch:
+                due = min(due, next_try - now)
+                continue
+            epoch = self._room_epoch  # before placing: room given back meanwhile makes it due again
             groups, tolerations = groups_of(raw, self.reserver.is_channel_claim)
             verdict = judge(groups, self.reserver.admit([g for _, g in groups], tolerations) if groups else {})
             self._write(raw, check, verdict)
+            if verdict.state == "Retry":
+                wait = retry_after_s(failures + 1)
+                self._waiting[key] = (failures + 1, now + wait, epoch)
+                due = min(due, wait)
+            else:
+                self._waiting.pop(key, None)
+        return due
 
     def _write(self, workload: Mapping[str, Any], check: str, verdict: Verdict) -> None:
         meta = workload.get("metadata") or {}
@@ -209,19 +282,42 @@ class Admitter:
             event(self.client, key[0], "Workload", KUEUE_API_VERSION, key[1], str(meta.get("uid") or ""),
                   "NoCliqueRoom", verdict.message)
 
+    def _served(self) -> bool:
+        """Whether Kueue's API is served to us (one small list); False says why in the log."""
+        try:
+            with api_call("list Kueue AdmissionChecks"):
+                next(iter(self.client.list(AdmissionCheck, chunk_size=1)), None)
+            return True
+        except errors.NotFound:
+            return False  # no Kueue (yet)
+        except errors.Forbidden as exc:  # a ClusterRole without Kueue's rules (an older driver's)
+            log.warning("%s; Kueue's admission checks are not answered (next try in %.0f s)", exc, ABSENT_POLL_S)
+            return False
+
     def run(self, stop: Callable[[], bool]) -> None:
-        """Passes every POLL_S while Kueue's API is served, else looks again every ABSENT_POLL_S."""
+        """Once Kueue's API is served (looked for every ABSENT_POLL_S), its informers, then a pass on
+        every change of a workload or check, at least every WAKE_S, at most every POLL_S."""
         while not stop():
-            wait = POLL_S
+            if not self._served():
+                self._sleep(stop, ABSENT_POLL_S)
+                continue
+            break
+        else:
+            return
+        for inf in (self.workloads, self.checks):
+            inf.start(stop)
+        while not stop():
+            wait = WAKE_S
             try:
-                self.pass_once()
-            except errors.NotFound:
-                wait = ABSENT_POLL_S  # no Kueue (yet)
-            except errors.Forbidden as exc:  # a ClusterRole without Kueue's rules (an older driver's)
-                log.warning("%s; Kueue's admission checks are not answered (next try in %.0f s)", exc, ABSENT_POLL_S)
-                wait = ABSENT_POLL_S
+                wait = self.pass_once()
             except Exception as exc:  # one failed pass must not end admission
                 log.warning("admission pass failed: %s", exc)
-            deadline = time.monotonic() + wait
-            while not stop() and time.monotonic() < deadline:
-                time.sleep(min(1.0, wait))
+            self._wake.wait(timeout=max(POLL_S, wait))
+            self._wake.clear()
+            self._sleep(stop, POLL_S)  # changes of a burst are one pass
+
+    @staticmethod
+    def _sleep(stop: Callable[[], bool], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not stop() and time.monotonic() < deadline:
+            time.sleep(min(1.0, seconds))

@@ -109,3 +109,18 @@ def test_a_group_placed_at_admission_holds_its_room_until_its_pods_come_or_for_a
     admitted = {("ml", "waiting"): (held, 100.0), ("ml", "came"): (held, 100.0), ("ml", "gone"): (held, 0.0)}
     assert sorted(stale_admissions(admitted, [("ml", "came")], now=ADMITTED_HOLD_S + 50.0)) == [
         ("ml", "came"), ("ml", "gone")]
+
+
+def test_a_workload_without_room_backs_off_until_room_is_given_back() -> None:
+    from nvlfabric.controller.admission import RETRY_MAX_S, frees_room, retry_after_s
+    from nvlfabric.controller.cache import ClaimRecord
+
+    assert [retry_after_s(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, RETRY_MAX_S, RETRY_MAX_S]
+    # Bound pods as the informer keeps them: (node, GPUs, finished).
+    assert frees_room(("n1", 4, False), None), "a pod gone gives its GPUs back"
+    assert frees_room(("n1", 4, False), ("n1", 4, True)), "so does one that finished"
+    assert not frees_room(None, ("n1", 4, False)), "a new pod takes room, it gives none"
+    assert not frees_room(("n1", 4, False), ("n1", 4, False))
+    allocated, free = ClaimRecord("1", {}, ("c.1", 5)), ClaimRecord("2", {}, None)
+    assert frees_room(allocated, free) and frees_room(allocated, None), "a channel back in the pool"
+    assert not frees_room(free, allocated)
