@@ -69,6 +69,9 @@ class ComputeDomain(pulumi.ComponentResource):
     channel: pulumi.Output[int | None]
     members: pulumi.Output[list[str]]
     phase: pulumi.Output[str]
+    """The domain's phase when `up` last created or updated it, as far as `await_for` waited
+    (Accepted: usually Pending or Allocating; Ready: Ready); `pulumi refresh` reads it again. On
+    backend nvidia, Pending until NVIDIA's IMEX daemons report."""
     ready_nodes: pulumi.Output[int]
     total_nodes: pulumi.Output[int]
 

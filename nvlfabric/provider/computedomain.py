@@ -538,6 +538,9 @@ class ComputeDomainProvider(ResourceProvider):
         #: The clock and poll intervals of awaits; None means the real clock and `await_.POLL`.
         self.clock: await_.Clock | None = None
         self.poll: await_.Poll | None = None
+        #: Backend nvidia: how long a new domain may lack NVIDIA's finalizer before its controller
+        #: is looked for (None: nvidiadomain.CONTROLLER_GRACE_S).
+        self.controller_grace_s: float | None = None
         self.on_progress: Callable[[str], None] | None = None
 
     def configure(self, req: ConfigureRequest) -> None:

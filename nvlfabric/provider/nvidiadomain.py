@@ -17,7 +17,9 @@ differs is whose object it is:
   and the workload ResourceClaimTemplate that NVIDIA's controller makes from
   `spec.channel.resourceClaimTemplate.name` (without its controller nothing would ever serve the
   domain, so that is said at `up` rather than by pods stuck later); `Ready` is `status.status:
-  Ready` with at least `numNodes` IMEX daemons in `status.nodes`.
+  Ready` with at least `numNodes` IMEX daemons in `status.nodes`. A domain that NVIDIA's
+  controller has not taken (its finalizer) within CONTROLLER_GRACE_S, in a cluster where no
+  Deployment of that controller has a replica available, fails the await at once, naming it.
 - `read` rebuilds the inputs from the live object (drift shows on refresh); a deleted domain
   reads as gone.
 - `delete` refuses while pods whose claims come from the template run (unless `force_delete`),
@@ -35,9 +37,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
 from lightkube.types import PatchType
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
@@ -53,6 +56,12 @@ from nvlfabric.provider import computedomain as cd
 from nvlfabric.provider.await_ import AwaitFor, Snapshot
 
 NVIDIA_CD: Final = create_namespaced_resource(nv.GROUP, nv.VERSION, nv.KIND, nv.PLURAL)
+NVIDIA_FINALIZER: Final = "resource.nvidia.com/computeDomain"
+"""What NVIDIA's controller puts on a ComputeDomain at its first reconcile: the sign it runs."""
+CONTROLLER_CONTAINER: Final = "compute-domain"
+"""The container of NVIDIA's controller Deployment (`<chart>-controller`), whatever the release name."""
+CONTROLLER_GRACE_S: Final = 10.0
+"""How long a new domain may go without NVIDIA's finalizer before its controller is looked for."""
 CONTROLLER_HINT: Final = ("NVIDIA's compute-domain controller makes the ResourceClaimTemplate: is NVIDIA's DRA "
                           "driver installed with resources.computeDomains.enabled=true, and its controller running?")
 
@@ -177,17 +186,65 @@ def _snapshot(client: Client | None, ns: str, name: str, template: str) -> Snaps
                                claim=cd._get(client, ResourceClaimTemplate, template, ns))
 
 
+def controller_state(deployments: list[dict[str, Any]]) -> str | None:
+    """Why NVIDIA's compute-domain controller cannot be running, from the cluster's Deployments
+    (pure); None when a Deployment of it has a replica available."""
+    ours = [d for d in deployments if any(c.get("name") == CONTROLLER_CONTAINER for c in (
+        ((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [])]
+    if not ours:
+        return (f"no Deployment in the cluster runs NVIDIA's compute-domain controller (a container named "
+                f"{CONTROLLER_CONTAINER}): install NVIDIA's DRA driver with resources.computeDomains.enabled=true, "
+                "or use backend 'nvlfabric'")
+    if any(((d.get("status") or {}).get("availableReplicas") or 0) > 0 for d in ours):
+        return None
+    d = ours[0]
+    meta, want = d.get("metadata") or {}, (d.get("spec") or {}).get("replicas", 1)
+    return (f"its Deployment {meta.get('namespace')}/{meta.get('name')} has 0 of {want} replicas available "
+            f"(kubectl -n {meta.get('namespace')} describe deployment {meta.get('name')})")
+
+
+def controller_taken(client: Client, deadline: await_.Deadline, grace_s: float) -> await_.Condition[Snapshot]:
+    """NVIDIA's controller has taken the domain (its finalizer, or the template it makes). Past
+    `grace_s` without either, its Deployment is looked for once: none, or none available, ends
+    the wait at once, saying so, instead of at the timeout (600 s by default)."""
+    looked: list[str | None] = []
+
+    def check(s: Snapshot) -> await_.Seen:
+        if s.cd is None or s.claim is not None or NVIDIA_FINALIZER in ((s.cd.get("metadata") or {}).get(
+                "finalizers") or []):
+            return await_.Seen(True, "NVIDIA's controller took the domain")
+        waited = deadline.timeout_s - deadline.remaining()
+        seen = f"NVIDIA's compute-domain controller has not taken {s.cd_ref} (no finalizer {NVIDIA_FINALIZER})"
+        if waited < grace_s:
+            return await_.Seen(False, seen)
+        if not looked:
+            try:
+                listed = client.list(Deployment, namespace="*")
+                looked.append(controller_state([d.to_dict() for d in listed]))
+            except (ApiError, api_errors.NvlfabricError):  # no right to list Deployments: wait as before
+                looked.append(None)
+        if looked[0] is None:
+            return await_.Seen(False, seen)
+        return await_.Seen(False, f"{seen} after {waited:.0f} s: {looked[0]}", fatal=True)
+
+    return await_.Condition("NVIDIA's controller took the domain", check)
+
+
 def _await(p: cd.ComputeDomainProvider, client: Client, args: NvidiaArgs, deadline: await_.Deadline,
            ) -> dict[str, Any]:
     template = args.spec.template_name(args.name)
     snap = _snapshot(None, args.namespace, args.name, template)
-    if not await_.NVIDIA_READINESS[args.await_for]:
+    levels = await_.NVIDIA_READINESS[args.await_for]
+    if not levels:
         live = cd._get(client, NVIDIA_CD, args.name, args.namespace)
         return dict(live or {})
+    grace = getattr(p, "controller_grace_s", None) or CONTROLLER_GRACE_S
+    taken = controller_taken(client, deadline, grace)
+    at = levels.index(await_.CD_EXISTS) + 1
     seen = await_.wait(
         awaited=await_.awaited(snap, args.await_for),
         observe=lambda: _snapshot(client, args.namespace, args.name, template),
-        condition=await_.readiness(args.await_for, await_.NVIDIA_READINESS), deadline=deadline,
+        condition=await_.all_of(*levels[:at], taken, *levels[at:]), deadline=deadline,
         poll=getattr(p, "poll", None) or await_.POLL, on_progress=p._on_progress(),
         hint=CONTROLLER_HINT if args.await_for is AwaitFor.ACCEPTED else
         "raise timeout_s, or set await_for='Accepted' to not wait for the domain's IMEX daemons")

@@ -222,9 +222,43 @@ def test_without_nvidias_controller_create_times_out_saying_so_and_rolls_back(pr
     with pytest.raises(errors.AwaitTimeout) as exc:
         prov.create(inputs(name, timeout_s=1.5))
     message = str(exc.value)
-    assert f"ResourceClaimTemplate {NS}/{name}-channel does not exist" in message and CONTROLLER_HINT in message
+    assert f"NVIDIA's compute-domain controller has not taken ComputeDomain {NS}/{name}" in message
+    assert CONTROLLER_HINT in message
     assert any(f"rolled back: deleted ComputeDomain {NS}/{name}" in n for n in exc.value.__notes__)
     assert _live(api, name) is None
+
+
+@pytest.mark.cluster
+def test_without_nvidias_controller_deployment_create_fails_within_seconds_naming_it(
+        prov: ComputeDomainProvider, api: Cluster, name: str) -> None:
+    """Not at the 600 s timeout: once the grace passes without NVIDIA's finalizer, the provider
+    looks for the controller's Deployment, finds none, and says so (then rolls back)."""
+    prov.controller_grace_s = 0.5
+    t0 = time.monotonic()
+    with pytest.raises(errors.AwaitFailed) as exc:
+        prov.create(inputs(name, timeout_s=60))
+    assert time.monotonic() - t0 < 20
+    message = str(exc.value)
+    assert f"has not taken ComputeDomain {NS}/{name} (no finalizer resource.nvidia.com/computeDomain)" in message
+    assert "no Deployment in the cluster runs NVIDIA's compute-domain controller" in message
+    assert "resources.computeDomains.enabled=true" in message
+    assert any(f"rolled back: deleted ComputeDomain {NS}/{name}" in n for n in exc.value.__notes__)
+    assert _live(api, name) is None
+
+
+def test_the_controller_is_found_by_its_container_whatever_the_release_name() -> None:
+    from nvlfabric.provider.nvidiadomain import controller_state
+
+    def deployment(name: str, container: str, available: int) -> dict[str, Any]:
+        return {"metadata": {"namespace": "nvidia-dra", "name": name},
+                "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": container}]}}},
+                "status": {"availableReplicas": available}}
+
+    assert "no Deployment in the cluster runs" in str(controller_state([deployment("web", "nginx", 1)]))
+    assert controller_state([deployment("my-release-controller", "compute-domain", 1)]) is None
+    down = controller_state([deployment("my-release-controller", "compute-domain", 0)])
+    assert down == ("its Deployment nvidia-dra/my-release-controller has 0 of 1 replicas available "
+                    "(kubectl -n nvidia-dra describe deployment my-release-controller)")
 
 
 @pytest.mark.cluster
