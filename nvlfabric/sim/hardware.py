@@ -20,6 +20,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from nvlfabric.sim import nodes as simnodes
 from nvlfabric.sim import paths
 from nvlfabric.sim.nodes import NVIDIA_CAPS_MAJOR, SimNode
 from nvlfabric.sim.nvml import faults, topology
@@ -60,23 +61,17 @@ def topology_path(state_dir: Path) -> Path:
     return state_dir / "nvml" / "topology.conf"
 
 
-def _rack(rack: int) -> topology.Rack:
-    name = topology.rack_name(rack)
-    return topology.Rack(name=name, cluster_uuid=topology.cluster_uuid_for(name))
-
-
 def node_clique(node: SimNode) -> str:
-    """The node's NVLink clique as NVML reports it (`<cluster uuid>.<clique id>`): what a hollow
-    node's stand-in agent labels it with, from the same rack as `write_topology` writes."""
-    rack = _rack(node.rack)
-    return f"{rack.cluster_uuid}.{rack.clique_id}"
+    """The node's NVLink clique as NVML reports it: what a hollow node's stand-in agent labels it
+    with (nodes.node_clique, also GPU Feature Discovery's label there)."""
+    return simnodes.node_clique(node)
 
 
 def write_topology(state_dir: Path, nodes: list[SimNode]) -> topology.Topology:
     """One NVML topology for the whole simulated cluster: each rack is one NVLink domain."""
     racks = sorted({n.rack for n in nodes})
     topo = topology.Topology(
-        racks=tuple(_rack(r) for r in racks),
+        racks=tuple(simnodes.nvlink_rack(r) for r in racks),
         nodes=tuple(topology.Node(name=n.name, rack=topology.rack_name(n.rack),
                                   gpus=tuple(topology.gb200_gpu(n.name, i) for i in range(4))) for n in nodes),
     )

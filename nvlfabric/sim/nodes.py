@@ -160,12 +160,34 @@ class SimNode(BaseModel):
         self.proc_devices.write_text(proc_devices_text())
 
 
+def nvlink_rack(rack: int) -> topology.Rack:
+    """Rack number `rack` as the NVML topology has it: one NVLink domain, its own cluster UUID."""
+    name = topology.rack_name(rack)
+    return topology.Rack(name=name, cluster_uuid=topology.cluster_uuid_for(name))
+
+
+def node_clique(n: SimNode) -> str:
+    """The node's NVLink clique as NVML reports it (`<cluster uuid>.<clique id>`)."""
+    rack = nvlink_rack(n.rack)
+    return f"{rack.cluster_uuid}.{rack.clique_id}"
+
+
+GFD_LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "4",
+              "nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.family": "blackwell"}
+"""What NVIDIA's GPU Feature Discovery (or the GPU operator) labels a GB200 compute tray with:
+other drivers select GPU nodes by them (NVIDIA's DRA driver's chart: `nvidia.com/gpu.present`)."""
+
+
 def node_labels(n: SimNode) -> dict[str, str]:
-    """The labels a simulated GB200 compute tray registers with, whichever kubelet runs it."""
+    """The labels a simulated GB200 compute tray registers with, whichever kubelet runs it: the
+    kubelet's own, and GPU Feature Discovery's, which include `nvidia.com/gpu.clique` from NVML (all
+    four GPUs of a healthy tray agree: GFD writes it then; written here at registration, where GFD
+    would follow a fabric fault within its minute)."""
     return {
         "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64",
         "node.kubernetes.io/instance-type": "gb200-nvl72-compute-tray",
         names.RACK_LABEL: topology.rack_name(n.rack), "nvlfabric.io/simulated": "true",
+        **GFD_LABELS, "nvidia.com/gpu.clique": node_clique(n),
     }
 
 

@@ -92,7 +92,11 @@ def test_a_hollow_node_looks_like_a_real_one_to_the_cluster(sim: tuple[ControlPl
     # One clique per rack, derived the same way as NVML's (cluster UUID . clique ID)
     assert cliques[real[0].name] == cliques[real[1].name] != cliques[hollow[0].name] == cliques[hollow[1].name]
     assert len(cliques[hollow[0].name].split(".")[0]) == 36 and cliques[hollow[0].name].split(".")[1].isdigit()
-    for n in nodes.values():
+    for name, n in nodes.items():
+        # GPU Feature Discovery's labels, as other drivers select GPU nodes by them: the clique
+        # it reads from NVML is the one the agent (or its hollow stand-in) found there.
+        assert n.metadata.labels["nvidia.com/gpu.clique"] == cliques[name]
+        assert (n.metadata.labels["nvidia.com/gpu.present"], n.metadata.labels["nvidia.com/gpu.count"]) == ("true", "4")
         assert n.metadata.labels[names.FABRIC_READY_LABEL] == "true"
         assert _fabric(n) == ("True", "FabricRegistered"), n.metadata.name
     processes = _agent_processes(cp)

@@ -33,7 +33,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube import ApiError
-from lightkube.models.core_v1 import Container, EnvVar, ExecAction, PodSpec, TCPSocketAction
+from lightkube.models.core_v1 import (
+    Container,
+    EnvVar,
+    EnvVarSource,
+    ExecAction,
+    ObjectFieldSelector,
+    PodSpec,
+    TCPSocketAction,
+)
 from lightkube.models.core_v1 import Probe as ProbeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
@@ -194,6 +202,23 @@ def test_a_pod_is_ready_only_once_its_readiness_probe_passes(cluster: Cluster, n
     (node.pod_dir(uid) / "ready").touch()  # the probe runs in the container's working directory
     eventually("the pod to be Ready", lambda: {c.type: c.status for c in _status(client, pod).conditions}.get(
         "Ready") == "True", timeout=15)
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_an_exec_probes_command_expands_the_containers_plain_variables_as_the_kubelet_does(
+        cluster: Cluster, node: SimNode) -> None:
+    """`$(LEVEL)` (a plain value) is expanded; `$(NODE)` (from the downward API) is not, as the
+    kubelet's prober expands only static values; `$$` is a literal `$`."""
+    client = cluster.client
+    pod = _pod(client, node, env=[EnvVar(name="LEVEL", value="3"),
+                                  EnvVar(name="NODE", valueFrom=EnvVarSource(fieldRef=ObjectFieldSelector(
+                                      fieldPath="spec.nodeName")))],
+               readinessProbe=ProbeSpec(exec=ExecAction(command=["test", "$(LEVEL)|$(NODE)", "=", "3|$$(NODE)"]),
+                                        periodSeconds=1, failureThreshold=1))
+    eventually("the pod to be Ready", lambda: (s := _status(client, pod)) is not None and {
+        c.type: c.status for c in s.conditions or []}.get("Ready") == "True", timeout=30)
+    assert not [m for r, m in _events(client, pod) if r == "Unhealthy"]
     client.delete(Pod, pod, namespace="default")
 
 

@@ -9,8 +9,9 @@ a container with a readiness probe starts not ready) and `livenessProbe` kills t
 after `successThreshold` passes; the defaults are the API's (0, 10, 1, 1, 3). Every failed try is
 a Warning event `Unhealthy` ("Readiness probe failed: ..."), as the kubelet writes it.
 
-The four handlers: `exec` (the command inside the container: in its mount namespace, root and
-working directory, by `nsenter`, with its environment; exit 0 passes), `httpGet` (a status from
+The four handlers: `exec` (the command, its `$(VAR)`s expanded from the container's plain env
+values as the kubelet does, inside the container: in its mount namespace, root and working
+directory, by `nsenter`, with its environment; exit 0 passes), `httpGet` (a status from
 200 to 399 passes; host: the pod's IP), `tcpSocket` (the connection opens) and `grpc` (the
 standard health service answers SERVING). Containers that run nothing here have nothing to
 probe: their probes are not run (their log says they are simulated).
@@ -28,6 +29,8 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nvlfabric.sim.kubelet.processes import expand
+
 KINDS = ("startup", "readiness", "liveness")
 
 
@@ -36,6 +39,8 @@ class Probe:
     kind: str
     spec: Any
     """The container's probe (lightkube's model)."""
+    env: tuple[Any, ...] = ()
+    """The container's env entries (lightkube's EnvVar): what an exec probe's command expands."""
 
     @property
     def initial_delay_s(self) -> float:
@@ -64,7 +69,8 @@ class Probe:
 
 def probes_of(container: Any) -> dict[str, Probe]:
     """The container's probes by kind."""
-    return {kind: Probe(kind, spec) for kind in KINDS if (spec := getattr(container, f"{kind}Probe", None))}
+    return {kind: Probe(kind, spec, tuple(getattr(container, "env", None) or ()))
+            for kind in KINDS if (spec := getattr(container, f"{kind}Probe", None))}
 
 
 @dataclass
@@ -154,7 +160,10 @@ async def check(probe: Probe, *, host: str, ports: dict[str, int], env: dict[str
     spec = probe.spec
     try:
         if spec.exec is not None:
-            command = list(spec.exec.command or [])
+            # As the kubelet's prober (ExpandContainerCommandOnlyStatic): `$(VAR)` from the
+            # container's env entries with a plain `value` only, not the downward API's.
+            static = {v.name: v.value or "" for v in probe.env if v.valueFrom is None}
+            command = [expand(a, static) for a in spec.exec.command or []]
             if enter is not None:
                 command = ["nsenter", "-t", str(enter), "-m", "-r", "-w", "--", *command]
             return await _exec(command, env, cwd, probe.timeout_s)
