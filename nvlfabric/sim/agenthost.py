@@ -207,6 +207,7 @@ def make_host(state: Path, racks: range) -> Host:
     (node,) = rack_nodes(state, racks=1, nodes_per_rack=1, first_rack=rack)
     node.prepare_dirs()
     hardware.install_driver_root(node, hardware.build_standins())
+    hardware.write_node_identity(state, node)
     rack_name = topology.rack_name(rack)
     topo = topology.Topology(
         racks=(topology.Rack(name=rack_name, cluster_uuid=uuid.uuid4()),),

@@ -409,6 +409,7 @@ class ControlPlane:
             if node.hollow:
                 continue
             hardware.install_driver_root(node, built, topo.driver_version)
+            hardware.write_node_identity(self.state_dir, node)
             for problem in hardware.install_host_files(node, minors[node.name], topo.driver_version):
                 self.progress(f"{node.name}: not made: {problem}")  # once per node: no CAP_MKNOD here
         real = self.real_nodes()

@@ -137,3 +137,18 @@ def node_env(state_dir: Path, node: SimNode) -> dict[str, str]:
         "NVLFABRIC_NVML_NODE": node.name,
         "NVLFABRIC_NVML_FAULTS": str(fault_path(state_dir, node.name)),
     }
+
+
+NODE_FILE = "nvlfabric-node.conf"
+"""Beside the NVML stand-in in a node's driver root: the node's identity, which the stand-in reads
+when its environment does not say (a process started with `env -i`, as a real driver's tools are)."""
+
+
+def write_node_identity(state_dir: Path, node: SimNode) -> Path:
+    """The node's own file saying which node it is (what `node_env` says, for a clean environment)."""
+    env = node_env(state_dir, node)
+    path = node.driver_root / DRIVER_ROOT_PATHS["libnvidia-ml.so.1"] / NODE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {node.name}: written by nvlfabric-sim\ntopology={env['NVLFABRIC_NVML_TOPOLOGY']}\n"
+                    f"node={node.name}\nfaults={env['NVLFABRIC_NVML_FAULTS']}\n")
+    return path

@@ -3,10 +3,13 @@
  * GB200 NVL72 cluster.
  *
  * Configuration (see README.md):
- *   NVLFABRIC_NVML_TOPOLOGY  path of the topology file (required)
- *   NVLFABRIC_NVML_NODE      the node this process is (required)
+ *   NVLFABRIC_NVML_TOPOLOGY  path of the topology file
+ *   NVLFABRIC_NVML_NODE      the node this process is
  *   NVLFABRIC_NVML_FAULTS    path of this node's fault file (optional; default
  *                            <topology dir>/faults/<node>.faults)
+ * Without the first two, the node's own file beside this library (nvlfabric-node.conf, lines
+ * topology=, node=, faults=) says the same: a node's driver root carries its identity as a real
+ * driver's files do, so a process started with a clean environment (env -i) still knows its node.
  *
  * The topology is read by the first nvmlInit* (reference count 0 -> 1). The fault file is
  * checked on every call (one stat) and re-read when its identity (inode, size, mtime,
@@ -14,9 +17,11 @@
  *
  * Every entry point takes one process-wide mutex; the library keeps no other state.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* dladdr: where this library was loaded from */
 
 #include "standin.h"
+
+#include <dlfcn.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -202,9 +207,54 @@ static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
 
 /* ------------------------------------------------------------------ init / shutdown */
 
+#define NODE_FILE "nvlfabric-node.conf"
+
+/* The node's identity from NODE_FILE in this library's directory (as loaded: a driver root's
+ * symlink, not what it points to). 0, or -1 with `why` set. */
+static int read_node_file(char *topo, char *node, char *faults, size_t size, char *why, size_t whylen)
+{
+    Dl_info info;
+    char path[4096], line[4352];
+    if (dladdr((void *)&read_node_file, &info) == 0 || info.dli_fname == NULL || info.dli_fname[0] == '\0') {
+        snprintf(why, whylen, "the stand-in cannot tell where it was loaded from");
+        return -1;
+    }
+    const char *slash = strrchr(info.dli_fname, '/');
+    int n = slash ? snprintf(path, sizeof path, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, NODE_FILE)
+                  : snprintf(path, sizeof path, "%s", NODE_FILE);
+    if (n < 0 || (size_t)n >= sizeof path) {
+        snprintf(why, whylen, "the path of %s is too long", NODE_FILE);
+        return -1;
+    }
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    topo[0] = node[0] = faults[0] = '\0';
+    while (fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\r\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (eq == NULL || line[0] == '#')
+            continue;
+        *eq = '\0';
+        char *dst = strcmp(line, "topology") == 0 ? topo : strcmp(line, "node") == 0 ? node
+                    : strcmp(line, "faults") == 0 ? faults : NULL;
+        if (dst != NULL && strlen(eq + 1) < size)
+            memcpy(dst, eq + 1, strlen(eq + 1) + 1);
+    }
+    fclose(f);
+    if (topo[0] == '\0' || node[0] == '\0') {
+        snprintf(why, whylen, "%s names no topology= or no node=", path);
+        return -1;
+    }
+    return 0;
+}
+
 static nvmlReturn_t init_common(unsigned int flags)
 {
     const char *topo, *node, *faults;
+    static char file_topo[4096], file_node[4096], file_faults[4096];
     char err[SI_ERR_SIZE];
     nvmlReturn_t rc;
 
@@ -217,6 +267,18 @@ static nvmlReturn_t init_common(unsigned int flags)
         topo = getenv("NVLFABRIC_NVML_TOPOLOGY");
         node = getenv("NVLFABRIC_NVML_NODE");
         faults = getenv("NVLFABRIC_NVML_FAULTS");
+        if ((topo == NULL || topo[0] == '\0') && (node == NULL || node[0] == '\0')) {
+            char why[SI_ERR_SIZE];
+            if (read_node_file(file_topo, file_node, file_faults, sizeof file_node, why, sizeof why) != 0) {
+                report("NVLFABRIC_NVML_TOPOLOGY and NVLFABRIC_NVML_NODE are not set, and the node's own file "
+                       "says nothing: %s", why);
+                UNLOCK();
+                return NVML_ERROR_DRIVER_NOT_LOADED;
+            }
+            topo = file_topo;
+            node = file_node;
+            faults = file_faults;
+        }
         if (topo == NULL || topo[0] == '\0') {
             report("NVLFABRIC_NVML_TOPOLOGY is not set: the stand-in has no topology to serve");
             UNLOCK();
