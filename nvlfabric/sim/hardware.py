@@ -8,14 +8,19 @@ software) finds them exactly as it would on a real node. The node's host file sy
 components probe there too (`install_host_files`): the character devices `/dev/nvidia<minor>` of
 its GPUs (the minors NVML reports), `/dev/nvidiactl`, `/dev/nvidia-uvm`, the IMEX management
 capability `/dev/nvidia-caps/nvidia-cap<minor>` and its `/proc/driver/nvidia/capabilities/
-fabric-imex-mgmt`, and `/proc/driver/nvidia/version`, with the majors of the node's `/proc/devices`.
+fabric-imex-mgmt`, and `/proc/driver/nvidia/version`, with the majors of the node's
+`/proc/devices` (the device nodes also in the driver root's `dev/`). The driver root is laid out
+as a real driver's: regular files, the libraries named after the driver version with `.so.1`
+links to them.
 Which node a process "is" comes from the environment the simulated kubelet gives the processes it
-runs on that node (see `node_env`), like a machine's identity comes from its hardware.
+runs on that node (see `node_env`), or else from the node's own file beside its NVML library
+(`write_node_identity`), like a machine's identity comes from its hardware.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -92,14 +97,36 @@ def _link(target: Path, to: Path | str) -> None:
     target.symlink_to(to)
 
 
+def _place(target: Path, built: Path) -> None:
+    """`built` at `target` as a regular file, as a driver's files are (software that looks for
+    them with `find -type f`, or resolves a library's real name, sees what it sees on a node): a
+    hard link, which costs nothing per node; a copy where the two are on different file systems."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    try:
+        os.link(built, target)
+    except OSError:
+        shutil.copy2(built, target)
+
+
+VERSIONED_LIBRARIES = ("libnvidia-ml.so", "libcuda.so")
+"""Libraries a driver ships as `<name>.<driver version>` with `<name>.1` and `<name>` linking to it."""
+
+
 def install_driver_root(node: SimNode, built: dict[str, Path],
                         driver_version: str = topology.DEFAULT_DRIVER_VERSION) -> None:
-    for name, rel in DRIVER_ROOT_PATHS.items():
-        _link(node.driver_root / rel / name, built[name])
-    # libcuda is named after the driver version (what nvmlSystemGetDriverVersion says), libcuda.so.1 beside it.
+    """The stand-ins at their paths in the node's driver root, laid out as a real driver's: regular
+    files; `libcuda.so.<driver version>` and `libnvidia-ml.so.<driver version>` the libraries
+    themselves (what nvmlSystemGetDriverVersion says), `.so.1` and `.so` symbolic links to them."""
     lib64 = node.driver_root / "usr" / "lib64"
-    _link(lib64 / f"libcuda.so.{driver_version}", built["libcuda.so.1"])
-    _link(lib64 / "libcuda.so.1", f"libcuda.so.{driver_version}")
+    for name, rel in DRIVER_ROOT_PATHS.items():
+        if rel != "usr/lib64":
+            _place(node.driver_root / rel / name, built[name])
+    for lib in VERSIONED_LIBRARIES:
+        _place(lib64 / f"{lib}.{driver_version}", built[f"{lib}.1"])
+        _link(lib64 / f"{lib}.1", f"{lib}.{driver_version}")
+        _link(lib64 / lib, f"{lib}.1")
 
 
 def install_host_files(node: SimNode, gpu_minors: list[int], driver_version: str = topology.DEFAULT_DRIVER_VERSION,
@@ -111,15 +138,18 @@ def install_host_files(node: SimNode, gpu_minors: list[int], driver_version: str
     devices += [("nvidiactl", NVIDIA_FRONTEND_MAJOR, NVIDIACTL_MINOR), ("nvidia-uvm", NVIDIA_UVM_MAJOR, 0),
                 (f"nvidia-caps/nvidia-cap{FABRIC_IMEX_MGMT_MINOR}", NVIDIA_CAPS_MAJOR, FABRIC_IMEX_MGMT_MINOR)]
     missing = []
-    for rel, major, minor in devices:
-        path = dev / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            path.unlink()
-        try:
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        except PermissionError as exc:
-            missing.append(f"/dev/{rel}: {exc.strerror}")
+    # In the node's /dev and in the driver root's dev/, as a driver container's root has them
+    # (software that looks under the driver root finds its device nodes there).
+    for where, base in ((dev, "/dev"), (node.driver_root / "dev", f"{node.driver_root}/dev")):
+        for rel, major, minor in devices:
+            path = where / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() or path.is_symlink():
+                path.unlink()
+            try:
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            except PermissionError as exc:
+                missing.append(f"{base}/{rel}: {exc.strerror}")
     caps = proc / "capabilities"
     caps.mkdir(parents=True, exist_ok=True)
     (caps / "fabric-imex-mgmt").write_text(

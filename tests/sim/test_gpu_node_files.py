@@ -82,8 +82,11 @@ def test_libcuda_is_named_after_the_driver_version_and_answers_from_nvml(
         node: GpuNode) -> None:
     n, env = node.node, node.env
     lib64 = n.driver_root / "usr" / "lib64"
-    assert (lib64 / f"libcuda.so.{DEFAULT_DRIVER_VERSION}").exists()
-    assert os.readlink(lib64 / "libcuda.so.1") == f"libcuda.so.{DEFAULT_DRIVER_VERSION}"
+    for lib in ("libcuda.so", "libnvidia-ml.so"):  # as a real driver lays them out
+        real = lib64 / f"{lib}.{DEFAULT_DRIVER_VERSION}"
+        assert real.is_file() and not real.is_symlink(), f"{real.name} is not the library itself"
+        assert os.readlink(lib64 / f"{lib}.1") == real.name and os.readlink(lib64 / lib) == f"{lib}.1"
+        assert Path(os.path.realpath(lib64 / f"{lib}.1")) == real.resolve()
     probe = ("import ctypes,sys\nc=ctypes.CDLL(sys.argv[1])\nassert c.cuInit(0)==0\nv=ctypes.c_int()\n"
              "n=ctypes.c_int()\nc.cuDriverGetVersion(ctypes.byref(v))\nc.cuDeviceGetCount(ctypes.byref(n))\n"
              "b=ctypes.create_string_buffer(64)\nassert c.cuDeviceGetName(b,64,0)==0\n"
@@ -91,6 +94,17 @@ def test_libcuda_is_named_after_the_driver_version_and_answers_from_nvml(
     out = subprocess.run([sys.executable, "-c", probe, str(lib64 / "libcuda.so.1")], env=env, capture_output=True,
                          text=True, check=True).stdout.split(maxsplit=2)
     assert out == [str(DEFAULT_CUDA_DRIVER_VERSION), "4", "NVIDIA GB200\n"]
+
+
+def test_the_driver_roots_files_are_regular_files_a_find_sees(node: GpuNode) -> None:
+    root = node.node.driver_root
+    found = subprocess.run(["find", str(root), "-type", "f"], capture_output=True, text=True, check=True).stdout
+    names = {Path(p).name for p in found.split()}
+    assert {"nvidia-smi", "nvidia-imex", "nvidia-imex-ctl", f"libcuda.so.{DEFAULT_DRIVER_VERSION}",
+            f"libnvidia-ml.so.{DEFAULT_DRIVER_VERSION}"} <= names, names
+    links = subprocess.run(["find", str(root), "-type", "l"], capture_output=True, text=True, check=True).stdout
+    for link in links.split():  # what links there is, links within the driver root
+        assert Path(os.path.realpath(link)).is_relative_to(root.resolve()), link
 
 
 def test_the_device_files_agree_with_nvml_and_proc_devices(node: GpuNode) -> None:
@@ -111,3 +125,7 @@ def test_the_device_files_agree_with_nvml_and_proc_devices(node: GpuNode) -> Non
     assert stat.S_ISCHR(cap.st_mode) and os.major(cap.st_rdev) == majors["nvidia-caps"]
     assert os.minor((dev / "nvidiactl").stat().st_rdev) == 255
     assert Path(dev / "nvidia-uvm").exists()
+    for name in [f"nvidia{i}" for i in range(4)] + ["nvidiactl", "nvidia-uvm", f"nvidia-caps/nvidia-cap{minor}"]:
+        # The driver root's dev/ has the same device nodes (a driver container looks there).
+        there, here = (n.driver_root / "dev" / name).stat(), (dev / name).stat()
+        assert stat.S_ISCHR(there.st_mode) and there.st_rdev == here.st_rdev, name
