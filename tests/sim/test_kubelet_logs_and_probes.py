@@ -38,15 +38,19 @@ from lightkube.models.core_v1 import (
     EnvVar,
     EnvVarSource,
     ExecAction,
+    HostPathVolumeSource,
     ObjectFieldSelector,
     PodSpec,
     TCPSocketAction,
+    Volume,
+    VolumeMount,
 )
 from lightkube.models.core_v1 import Probe as ProbeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 
+from nvlfabric.sim import hardware
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet import probes
 from nvlfabric.sim.kubelet.logs import select
@@ -263,6 +267,28 @@ def test_a_containers_command_replaces_its_images_entrypoint_with_variables_expa
     eventually("its output", lambda: "".join(client.log(pod, namespace="default", container="main")) ==
                "hello from the command\n", timeout=30)
     client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_container_sees_the_nodes_driver_as_on_a_gpu_node(cluster: Cluster, node: SimNode) -> None:
+    """`/proc/driver/nvidia` is the node's (what the kernel module shows), and a hostPath of the
+    driver root's parent (`/run/nvidia`, as NVIDIA's chart mounts it) holds the driver root."""
+    hardware.install_driver_root(node, hardware.build_standins())
+    hardware.install_host_files(node, [0, 1, 2, 3])
+    client = cluster.client
+    name = f"drv-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        volumes=[Volume(name="run-nvidia", hostPath=HostPathVolumeSource(path="/run/nvidia"))],
+        containers=[Container(name="main", image="registry.invalid/printer:1", command=["sh", "-c"], args=[
+            "head -c 12 /proc/driver/nvidia/version; echo; ls /run/nvidia/driver/usr/bin; sleep 3600"],
+            volumeMounts=[VolumeMount(name="run-nvidia", mountPath="/run/nvidia")])])))
+    out = eventually("its output", lambda: (o if "nvidia-smi" in (o := "".join(client.log(
+        name, namespace="default", container="main"))) else None) if (s := _status(client, name)) is not None
+        and s.phase == "Running" else None, timeout=30)
+    assert out.splitlines()[0] == "NVRM version", out
+    assert {"nvidia-imex", "nvidia-imex-ctl", "nvidia-smi"} <= set(out.split()), out
+    client.delete(Pod, name, namespace="default")
 
 
 @pytest.mark.cluster

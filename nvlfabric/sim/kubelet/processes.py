@@ -174,8 +174,10 @@ def volume_dirs(node: SimNode, pod: Pod, files: dict[str, volumes.Files]) -> dic
             match = next((hp for hp in sorted(host_paths, key=len, reverse=True)
                           if path == hp or path.startswith(hp + "/")), None)
             if match is None:
-                # Any other host path is private to this node (never the real host's).
+                # Any other host path is private to this node (never the real host's); one that
+                # holds node paths (/run/nvidia holds /run/nvidia/driver) has them, as links.
                 out[vol.name] = node.host_dir(path)
+                _link_node_paths(out[vol.name], path, host_paths)
             else:
                 out[vol.name] = host_paths[match] / path[len(match):].lstrip("/")
         elif any(v is not None for v in (vol.projected, vol.emptyDir, vol.configMap, vol.secret, vol.downwardAPI)):
@@ -186,6 +188,19 @@ def volume_dirs(node: SimNode, pod: Pod, files: dict[str, volumes.Files]) -> dic
     for name, content in files.items():
         volumes.write(out[name], content)
     return out
+
+
+def _link_node_paths(directory: Path, path: str, host_paths: dict[str, Path]) -> None:
+    """In the node's directory for host path `path`, a link to each node path below it (what the
+    parent of a node path shows on a real node: the driver root under /run/nvidia)."""
+    for hp, where in host_paths.items():
+        if not hp.startswith(path.rstrip("/") + "/"):
+            continue
+        link = directory / hp[len(path.rstrip("/")):].lstrip("/")
+        if link.is_symlink() or link.exists():
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(where)
 
 
 def hosts_file(pod: Pod, node: SimNode) -> str:
@@ -257,7 +272,8 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     root.mkdir(parents=True, exist_ok=True)
     spec = {"root": str(root), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
-            "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim)}
+            "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim),
+            "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia"))}
     spec_path = pod_dir / f"{container.name}.container.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]

@@ -15,7 +15,8 @@ its root and becomes the container's program:
 
 - the root is a tmpfs at `spec.root` holding the machine's own top-level entries, each bound in
   (the "image" of every simulated container is this machine's file system); `/proc` is a procfs
-  of the node's PID namespace, `/sys` the machine's, `/dev` is private: the usual character
+  of the node's PID namespace with the node's `/proc/driver/nvidia` (`spec.proc_driver_nvidia`),
+  `/sys` the machine's, `/dev` is private: the usual character
   devices bound in, `/dev/pts`, `/dev/shm`, and the device nodes the container's CDI devices
   name, made there (mknod);
 - each volume is bound at its real mount path (`/var/lib/kubelet`, `/var/run/secrets/...`): no
@@ -188,6 +189,13 @@ def device_node(root: Path, node: dict[str, Any]) -> None:
 def build(spec: dict[str, Any]) -> None:
     root = Root(Path(spec["root"]))
     root.populate()
+    if (nvidia := spec.get("proc_driver_nvidia")) and os.path.isdir(nvidia):
+        # What the NVIDIA kernel module shows in /proc on a GPU node (version, capabilities):
+        # procfs cannot make it, so a tmpfs over /proc/driver holds the node's directory.
+        driver = root.root / "proc" / "driver"
+        _mount("tmpfs", str(driver), "tmpfs", MS_NOSUID | MS_NODEV, "mode=555")
+        (driver / "nvidia").mkdir()
+        _bind(nvidia, driver / "nvidia", readonly=True)
     for m in sorted(spec.get("mounts", []), key=lambda m: m["target"].count("/")):
         target = root.mountpoint(m["target"], directory=os.path.isdir(m["source"]))
         _bind(m["source"], target, readonly=bool(m.get("readonly")))
