@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from lightkube import ApiError
 from lightkube.models.core_v1 import (
     Container,
+    EmptyDirVolumeSource,
     EnvVar,
     EnvVarSource,
     ExecAction,
@@ -224,6 +225,26 @@ def test_an_exec_probes_command_expands_the_containers_plain_variables_as_the_ku
         c.type: c.status for c in s.conditions or []}.get("Ready") == "True", timeout=30)
     assert not [m for r, m in _events(client, pod) if r == "Unhealthy"]
     client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
+def test_an_exec_probe_runs_inside_the_container(cluster: Cluster, node: SimNode) -> None:
+    """It sees the container's own mounts (an emptyDir at /probe-data, a path the machine lacks),
+    as the kubelet's ExecSync does, not the machine's (nor the container runtime's shim's)."""
+    client = cluster.client
+    name = f"probe-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        volumes=[Volume(name="data", emptyDir=EmptyDirVolumeSource())],
+        containers=[Container(name="main", image="registry.invalid/printer:1", command=["sh", "-c"],
+                              args=["touch /probe-data/ready; sleep 3600"],
+                              volumeMounts=[VolumeMount(name="data", mountPath="/probe-data")],
+                              readinessProbe=ProbeSpec(exec=ExecAction(command=["test", "-f", "/probe-data/ready"]),
+                                                       periodSeconds=1, failureThreshold=1))])))
+    assert not Path("/probe-data").exists()
+    eventually("the pod to be Ready", lambda: (s := _status(client, name)) is not None and {
+        c.type: c.status for c in s.conditions or []}.get("Ready") == "True", timeout=30)
+    client.delete(Pod, name, namespace="default")
 
 
 @pytest.mark.cluster

@@ -621,8 +621,18 @@ class SimKubelet:
         ports = {p.name: p.containerPort for p in proc.container.ports or [] if p.name}
 
         async def once(probe: probes.Probe) -> bool:
-            ok, seen = await probes.check(probe, host=state.node.address, ports=ports, env=proc.env, cwd=proc.cwd,
-                                          enter=proc.proc.pid)
+            # Inside the container (its pid from the pid file), not in its shim's (the host's) mount namespace.
+            pid = proc.container_pid()
+            for _ in range(40):  # a probe's first try can come before the proxy has forked the container
+                if pid is not None or probe.spec.exec is None or proc.proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+                pid = proc.container_pid()
+            if pid is None and probe.spec.exec is not None:
+                ok, seen = False, "the container's process is not running (yet)"
+            else:
+                ok, seen = await probes.check(probe, host=state.node.address, ports=ports, env=proc.env,
+                                              cwd=proc.cwd, enter=pid)
             if not ok:
                 await self._pod_event(proc, "Unhealthy", f"{probe.title} probe failed: {seen}", warning=True)
             return ok

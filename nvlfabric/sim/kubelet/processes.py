@@ -57,6 +57,15 @@ class PodProcess:
     def pid_file(self) -> Path:
         return self.cwd / f"{self.container.name}.pid"
 
+    def container_pid(self) -> int | None:
+        """The container's own process (rootfs.py writes it), not its shim's: the one whose mount
+        namespace, root and working directory are the container's."""
+        try:
+            pid = int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if self.proc.poll() is None else None
+
     def termination_message(self, code: int) -> str | None:
         """`lastState.terminated.message` as the kubelet writes it for an instance that exited with
         `code`: with `terminationMessagePolicy: FallbackToLogsOnError` and a failed exit, the end of
@@ -284,6 +293,8 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
 
 def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
             env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
+    with contextlib.suppress(FileNotFoundError):  # the last instance's: its container is gone
+        (cwd / f"{container.name}.pid").unlink()
     with log_path.open("ab") as fh:
         offset = fh.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
