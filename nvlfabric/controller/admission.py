@@ -149,9 +149,9 @@ def _raw(obj: Any) -> dict[str, Any]:
     return dict(obj.to_dict())
 
 
-def workload_record(obj: Any) -> dict[str, Any]:
-    """A Workload as the passes read it: its dict without managedFields (the bulk of a status-
-    written object, read by nobody here)."""
+def kueue_record(obj: Any) -> dict[str, Any]:
+    """A Workload or AdmissionCheck as the passes read it: its dict without managedFields (the
+    bulk of a status-written object, read by nobody here)."""
     raw = _raw(obj)
     (raw.get("metadata") or {}).pop("managedFields", None)
     return raw
@@ -188,10 +188,10 @@ class Admitter:
 
     def __init__(self, client: Client, reserver: Reserver) -> None:
         self.client, self.reserver = client, reserver
-        self.workloads: Informer[dict[str, Any]] = Informer(client, Workload, slim=workload_record,
+        self.workloads: Informer[dict[str, Any]] = Informer(client, Workload, slim=kueue_record,
                                                              name="Workload")
         self.checks: Informer[dict[str, Any]] = Informer(client, AdmissionCheck, namespaced=False,
-                                                         slim=workload_record, name="AdmissionCheck")
+                                                         slim=kueue_record, name="AdmissionCheck")
         self._wake = threading.Event()
         for inf in (self.workloads, self.checks):
             inf.listen(lambda kind, key, old, new: self._wake.set())

@@ -118,25 +118,9 @@ class Authorities:
         return "Introducing" if self.incoming else "Switching" if self.retiring_pem else ""
 
 
-def rotation_step(auth: Authorities, requested: str, members: Iterable[api.NodeStatus],
-                  now: datetime.datetime) -> str | None:
-    """The next step of the domain's authority rotation ("introduce", "switch", "retire"), or None
-    while there is none to take (pure). `members`: the domain's status entries; only ready ones
-    count (a joining node loads whatever the bundle is when it prepares)."""
-    ready = [m for m in members if m.ready]
-    if auth.incoming is not None:
-        digest = api.imex_bundle_digest(auth.bundle)
-        return "switch" if all(m.imex_trusts == digest for m in ready) else None
-    if auth.retiring_pem is not None:
-        return "retire" if all(m.imex_issuer == auth.signing.key_id for m in ready) else None
-    if requested and requested != auth.handled:
-        return "introduce"
-    start, end = auth.signing.cert.not_valid_before_utc, auth.signing.cert.not_valid_after_utc
-    return "introduce" if now >= start + (end - start) * ROTATE_AFTER else None
-
-
 def rotation_waits_for(auth: Authorities, members: Iterable[api.NodeStatus]) -> list[str]:
-    """The ready members the current rotation step waits for (pure; [] outside a rotation)."""
+    """The ready members the current rotation step waits for (pure; [] outside a rotation). Only
+    ready ones count: a joining node loads whatever the bundle is when it prepares."""
     ready = [m for m in members if m.ready]
     if auth.incoming is not None:
         digest = api.imex_bundle_digest(auth.bundle)
@@ -144,6 +128,20 @@ def rotation_waits_for(auth: Authorities, members: Iterable[api.NodeStatus]) -> 
     if auth.retiring_pem is not None:
         return sorted(m.name for m in ready if m.imex_issuer != auth.signing.key_id)
     return []
+
+
+def rotation_step(auth: Authorities, requested: str, members: Iterable[api.NodeStatus],
+                  now: datetime.datetime) -> str | None:
+    """The next step of the domain's authority rotation ("introduce", "switch", "retire"), or None
+    while there is none to take (pure). `members`: the domain's status entries."""
+    if auth.phase:
+        if rotation_waits_for(auth, members):
+            return None
+        return "switch" if auth.incoming is not None else "retire"
+    if requested and requested != auth.handled:
+        return "introduce"
+    start, end = auth.signing.cert.not_valid_before_utc, auth.signing.cert.not_valid_after_utc
+    return "introduce" if now >= start + (end - start) * ROTATE_AFTER else None
 
 
 def new_authority(namespace: str, name: str, uid: str, *, now: datetime.datetime | None = None,
