@@ -170,8 +170,10 @@ def test_a_tls_domain_authenticates_with_its_own_authority_and_refuses_intruders
             assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == names.imex_node_subject(n)
             assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
                 x509.DNSName) == [names.imex_target(uid_a)]
+            # UP, and its connection to the peer listed (the -N view can show UP a moment before).
             view = eventually(f"{n}'s daemon to be connected to its peer", lambda n=n: (
-                v if (v := _ctl(nodes[n], nodes[n].address, ports.cmd)).get("status") == "UP" else None))
+                v if (v := _ctl(nodes[n], nodes[n].address, ports.cmd)).get("status") == "UP"
+                and _links(v, nodes[n].address) else None))
             assert set(_links(view, nodes[n].address)) == set(addresses) - {nodes[n].address}
         assert not list(client.list(CertificateSigningRequest, fields={"spec.signerName": names.IMEX_SIGNER})), \
             "the agents delete their requests once answered"
