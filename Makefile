@@ -45,7 +45,7 @@ test: tools venv bytecode nvml
 	@$(VPY) -m pytest $(PYTEST_ARGS)
 
 generate: venv
-	@$(VPY) nvlfabric/api/kubelet/generate.py
+	@$(VPY) nvlfabric/codegen/grpcstubs.py
 
 lint: venv
 	@$(VPY) -m ruff check .

@@ -104,11 +104,11 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice  # noqa
 
 from nvlfabric.controller.pools import CLIQUE_LABEL, POOL_LABEL  # noqa: E402
 from nvlfabric.controller.reconcile import ComputeDomainResource  # noqa: E402
-from nvlfabric.sim.controlplane import ControlPlane, free_ports  # noqa: E402
 from nvlfabric.sim.kubelet.plugins import registry_sockets  # noqa: E402
 from nvlfabric.sim.nodes import runtime_root  # noqa: E402
 from nvlfabric.sim.nvml.topology import rack_name  # noqa: E402
-from nvlfabric.sim.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports  # noqa: E402
+from nvlfabric.testbed.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "e2e.json"
 FIXTURE = REPO / "bench" / "fixtures" / "e2e"

@@ -60,7 +60,7 @@ from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
 from nvlfabric.controller import pools  # noqa: E402
 from nvlfabric.sim import agenthost as ap  # noqa: E402
-from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, Ports, free_ports  # noqa: E402
 
 PORTS = Ports(etcd_client=63791, etcd_peer=63801, apiserver=56445, scheduler=60260)
 RESULTS = REPO / "bench" / "results" / "nodeagent.json"

@@ -22,8 +22,8 @@ from lightkube import Client  # noqa: E402
 from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
 from nvlfabric.sim.cluster import install_crd  # noqa: E402
-from nvlfabric.sim.controlplane import ControlPlane, Ports  # noqa: E402
-from nvlfabric.sim.pulumi_cli import project_from_fixture  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, Ports  # noqa: E402
+from nvlfabric.testbed.pulumi_cli import project_from_fixture  # noqa: E402
 
 PORTS = Ports(etcd_client=63790, etcd_peer=63800, apiserver=56444, scheduler=60259)
 RESULTS = REPO / "bench" / "results" / "provider.json"

@@ -44,7 +44,7 @@ from nvlfabric.api import computedomain, names  # noqa: E402
 from nvlfabric.provider.computedomain import channel_claim  # noqa: E402
 from nvlfabric.sim import faults  # noqa: E402
 from nvlfabric.sim.cluster import eventually, install_crd  # noqa: E402
-from nvlfabric.sim.controlplane import ControlPlane, free_ports  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "real_kubelet.json"
 RACK = 243

@@ -72,10 +72,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.e2e import _cpu_s, cpu_by_role, driver_processes, leftover_processes  # noqa: E402
-from nvlfabric.sim.controlplane import ControlPlane, free_ports  # noqa: E402
 from nvlfabric.sim.nvml.topology import rack_name  # noqa: E402
 from nvlfabric.sim.processes import run_owned  # noqa: E402
-from nvlfabric.sim.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports  # noqa: E402
+from nvlfabric.testbed.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "scale.json"
 FIXTURE = REPO / "bench" / "fixtures" / "scale"

@@ -49,9 +49,9 @@ from lightkube.models.resource_v1 import (  # noqa: E402
 from lightkube.resources.core_v1 import Node, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice  # noqa: E402
 
-from nvlfabric.sim.controlplane import ControlPlane, Ports  # noqa: E402
 from nvlfabric.sim.kubelet.fakeplugin import FakePlugin  # noqa: E402
 from nvlfabric.sim.nodes import rack_nodes  # noqa: E402
+from nvlfabric.testbed.controlplane import ControlPlane, Ports  # noqa: E402
 
 DRIVER = "bench.nvlfabric.io"
 PORTS = Ports(etcd_client=53790, etcd_peer=53800, apiserver=56443, scheduler=50259)

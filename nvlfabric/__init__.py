@@ -1,10 +1,20 @@
 """nvlfabric: multi-node NVLink (GB200 NVL72) ComputeDomains on Kubernetes, declared with Pulumi.
 
 A platform repo writes `from nvlfabric import NvlfabricDriver, Nvl72Rack, ComputeDomain, BoundJob`.
-The rooms are subpackages (docs/architecture.md, "One package, rooms as subpackages"):
-`nvlfabric.api` (the contract: models, names, limits, errors), `nvlfabric.manifests`,
-`nvlfabric.provider`, `nvlfabric.components`, `nvlfabric.nodeagent`, `nvlfabric.controller` and
-`nvlfabric.sim`.
+The rooms are subpackages (docs/architecture.md, "Rooms and the direction of data"), top to bottom:
+
+- `nvlfabric.cli`: the `nvlfabric` and `nvlfabric-sim` command lines;
+- `nvlfabric.components` (what a Pulumi program declares), `nvlfabric.review` (preview reports,
+  cluster review), `nvlfabric.policy` (the policy pack), `nvlfabric.testbed` (a local control plane
+  and the Pulumi CLI for the demo, tests and benchmarks), `nvlfabric.codegen` (the CRD and gRPC stub
+  generators);
+- `nvlfabric.provider`: the dynamic providers, which talk to the API server;
+- `nvlfabric.controller` (the cluster controller), `nvlfabric.nodeagent` (the DRA kubelet plugin
+  and the IMEX keeper on every node), `nvlfabric.sim` (simulated hardware and kubelets);
+- `nvlfabric.kube` (the API client of the controller and the providers), `nvlfabric.daemon`
+  (logging, stopping and metrics of the long-running processes);
+- `nvlfabric.api` (the contract: every shared name, limit, model and error) and
+  `nvlfabric.manifests` (the CRD and the driver's manifests).
 
 The components are imported on first use, not here: the node agent and the controller import
 `nvlfabric.*` too, and their image carries no Pulumi (the `node` extra).

@@ -27,9 +27,9 @@ from lightkube.resources.resource_v1 import DeviceClass
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, WORKLOAD_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim import addons
-from nvlfabric.sim.controlplane import ControlPlane, ControlPlaneError
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import REPO, ToolsMissing, default_state_dir, load_tools
+from nvlfabric.testbed.controlplane import ControlPlane, ControlPlaneError
 
 STACK = "dev"
 RACKS = 2  # stacks/dev/Pulumi.dev.yaml says the same (nvlfabric-dev:racks)

@@ -23,9 +23,9 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 
 from nvlfabric.sim import processes
-from nvlfabric.sim.controlplane import ControlPlane, Ports, free_ports  # free_ports: also imported from here
 from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.paths import REPO
+from nvlfabric.testbed.controlplane import ControlPlane, Ports, free_ports  # free_ports: also imported from here
 
 TEST_PORTS = Ports(etcd_client=33790, etcd_peer=33800, apiserver=36443, scheduler=30259)
 

@@ -1,5 +1,5 @@
 """The contract room: nvlfabric's own Kubernetes API (`nvlfabric.io`): pydantic models that are the one source of the
-CRD schemas (`nvlfabric.api.crdgen` generates `nvlfabric/manifests/crds/` from them).
+CRD schemas (`nvlfabric.codegen.crdgen` generates `nvlfabric/manifests/crds/` from them).
 
 The ComputeDomain models are imported on first use of a name (`nvlfabric.api.ComputeDomain`),
 not with the package: every process of the driver imports `nvlfabric.api.names`, and the IMEX

@@ -1,7 +1,7 @@
 """The nvlfabric ComputeDomain API, `nvlfabric.io/v1alpha1`: the one source of its schema.
 
 A ComputeDomain (CD) is the unit of "these pods may talk over multi-node NVLink". The pydantic
-models below are the schema: `nvlfabric.api.crdgen` turns their JSON schema into the CRD that
+models below are the schema: `nvlfabric.codegen.crdgen` turns their JSON schema into the CRD that
 `nvlfabric/manifests/crds/nvlfabric.io_computedomains.yaml` holds (a test fails when that file is stale), and
 the providers, the node agent and the tests validate and build objects with the same models. So a
 field, a default, a limit, a description or a CEL rule is written once, here.

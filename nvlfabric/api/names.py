@@ -2,7 +2,7 @@
 
 The components accept, the providers write, the controller publishes and the node agent prepares by
 these, so a limit a component accepts is by construction one the controller and the agent accept
-(tests/test_contract.py checks the boundaries). A leaf: standard library only, so the node agent
+(tests/api/test_contract.py checks the boundaries). A leaf: standard library only, so the node agent
 loads it without any object models.
 """
 

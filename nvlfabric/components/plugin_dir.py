@@ -2,7 +2,7 @@
 
 The plugin directory (`nvlfabric/components/plugin/`, shipped in the wheel) is three files:
 `PulumiPlugin.yaml` (runtime python, `virtualenv: venv`), `__main__.py` (starts
-`nvlfabric.components.provider`) and `requirements.txt` (`nvlfabric[pulumi]==<this version>`). It
+`nvlfabric.components.pluginserver`) and `requirements.txt` (`nvlfabric[pulumi]==<this version>`). It
 needs no checkout: the Pulumi engine creates `DIR/venv` and installs requirements.txt into it through
 the Python language host's InstallDependencies when `pulumi package add DIR`, `pulumi package
 get-schema DIR` or `pulumi install` (in a project whose `packages:` names DIR) runs. So this command

@@ -1,6 +1,6 @@
 """The `nvlfabric` Pulumi package schema, derived from the components' pydantic models.
 
-Other Pulumi languages use the components through a component provider (`nvlfabric.components.provider`),
+Other Pulumi languages use the components through a component provider (`nvlfabric.components.pluginserver`),
 which serves this schema. It repeats nothing the models say; per component it comes from:
 
 - **inputs**: the pydantic args model (`ComputeDomainArgs`, ...), through pydantic's own JSON
@@ -19,7 +19,7 @@ which serves this schema. It repeats nothing the models say; per component it co
 
 Limits, patterns and cross-field rules have no place in a Pulumi schema: they stay in the models,
 which the provider validates every Construct with, so a consumer in any language gets the same
-checks and messages as a Python program (see `nvlfabric.components.provider`).
+checks and messages as a Python program (see `nvlfabric.components.pluginserver`).
 
 `python -m nvlfabric.components.schema` prints the schema.
 """

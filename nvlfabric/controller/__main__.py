@@ -14,9 +14,10 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from nvlfabric.api import names, process
+from nvlfabric.api import names
 from nvlfabric.api.computedomain import IMEXAuthentication, IMEXMode
 from nvlfabric.api.release import __version__
+from nvlfabric.daemon import process
 
 log = logging.getLogger("nvlfabric.controller")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

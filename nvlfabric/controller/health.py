@@ -8,7 +8,7 @@
 - `/metrics`: `nvlfabric_controller_leader` (1 on the holder), and
   `nvlfabric_controller_watch_failures_total{watch}` (failed lists or watches, per watched kind).
 
-Served with `nvlfabric.api.metrics`, the same exposition the node agent uses.
+Served with `nvlfabric.daemon.metrics`, the same exposition the node agent uses.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from socketserver import TCPServer
 
-from nvlfabric.api import metrics
+from nvlfabric.daemon import metrics
 from nvlfabric.kube.errors import translate
 
 log = logging.getLogger("nvlfabric.controller")

@@ -1,6 +1,6 @@
 """The Kubernetes manifests nvlfabric installs, shipped inside the package.
 
-- `crds/`: the ComputeDomain CRD, generated from `nvlfabric.api` (`python -m nvlfabric.api.crdgen`);
+- `crds/`: the ComputeDomain CRD, generated from `nvlfabric.api` (`python -m nvlfabric.codegen.crdgen`);
 - `driver/driver.yaml`: the driver itself (namespace, RBAC, DeviceClass, admission policies, the
   agents' DaemonSet, the controller's Deployment).
 

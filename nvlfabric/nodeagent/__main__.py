@@ -21,9 +21,10 @@ import threading
 import time
 from typing import cast
 
-from nvlfabric.api import errors, names, process
+from nvlfabric.api import errors, names
 from nvlfabric.api.names import DRIVER
 from nvlfabric.api.release import __version__
+from nvlfabric.daemon import process
 from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, kubeapi, metrics, settings
 from nvlfabric.nodeagent.driver import DEDICATED_SYNC_S, ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import DeviceHealth, PluginServer, SocketPaths

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nvlfabric.api import names, process
-from nvlfabric.api.process import SettingsError
+from nvlfabric.api import names
+from nvlfabric.daemon import process
+from nvlfabric.daemon.process import SettingsError
 from nvlfabric.nodeagent import imex
 
 log = logging.getLogger("nvlfabric.imexkeeper")

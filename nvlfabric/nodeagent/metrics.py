@@ -1,12 +1,12 @@
 """Prometheus metrics of the node agent (served on --metrics-port; 0 disables).
 
-The exposition format and the HTTP endpoint are `nvlfabric.api.metrics` (the controller serves
+The exposition format and the HTTP endpoint are `nvlfabric.daemon.metrics` (the controller serves
 its own registry with them); this module holds the agent's metrics.
 """
 
 from __future__ import annotations
 
-from nvlfabric.api import metrics as _m
+from nvlfabric.daemon import metrics as _m
 
 REGISTRY = _m.Registry()
 

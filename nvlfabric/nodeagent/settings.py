@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvlfabric.api import process
 from nvlfabric.api.computedomain import IMEXMode
-from nvlfabric.api.process import SettingsError
+from nvlfabric.daemon import process
+from nvlfabric.daemon.process import SettingsError
 from nvlfabric.nodeagent import checkpoint, imexkeeper
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -35,16 +35,17 @@ T = TypeVar("T")
 FIELD_MANAGER = "nvlfabric-sim"
 
 
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll until probe returns something truthy; fail (AssertionError, so a test reports it as its
-    failure) naming what was awaited and the last value."""
+def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2) -> T:
+    """Poll (every `interval` s) until probe returns something truthy; fail (AssertionError, so a
+    test reports it as its failure) naming what was awaited and the last value. The one wait of the
+    simulator and the tests: an IMEX daemon's handshakes want a shorter `interval` than a pod does."""
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
             return last
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 

@@ -58,7 +58,7 @@ jobs["multirack"] = BoundJob("multirack", compute_domain=multirack, parallelism=
                                 "--master-addr=$(NVLFABRIC_MASTER_ADDR)", "train.py"]}]}})
 domains["multirack"] = multirack
 
-# (0.1.0 has no cluster_serves, and tests/test_upgrade.py runs this program on it: no JobSet there.)
+# (0.1.0 has no cluster_serves, and tests/e2e/test_upgrade.py runs this program on it: no JobSet there.)
 cluster_serves = getattr(nvlfabric.components, "cluster_serves", lambda kind, namespace: False)
 if cluster_serves("JobSet", namespace):  # JobSet's CRD and controller are installed
     jobset = ComputeDomain("jobset", namespace=namespace, opts=pulumi.ResourceOptions(depends_on=[driver]),

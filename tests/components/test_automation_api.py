@@ -15,7 +15,7 @@ from pulumi import automation as auto
 from nvlfabric.components import ComputeDomain
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import load_tools
-from nvlfabric.sim.pulumi_cli import OFFLINE
+from nvlfabric.testbed.pulumi_cli import OFFLINE
 from tests.conftest import Cluster
 
 

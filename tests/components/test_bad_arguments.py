@@ -24,7 +24,7 @@ from nvlfabric.components.computedomain import ComputeDomainArgs
 from nvlfabric.components.driver import NvlfabricDriverArgs
 from nvlfabric.components.rack import Nvl72RackArgs
 from nvlfabric.components.workload import BoundJobArgs, bound_pod_template
-from nvlfabric.sim.pulumi_cli import PulumiProject, project_from_fixture
+from nvlfabric.testbed.pulumi_cli import PulumiProject, project_from_fixture
 from tests.conftest import Cluster
 
 CONTAINER = {"name": "worker", "image": "registry.invalid/train:1"}

@@ -29,8 +29,8 @@ from nvlfabric.components import (
 from nvlfabric.components.driver import driver_objects
 from nvlfabric.components.workload import BoundJobArgs, job_manifest, workload_manifests
 from nvlfabric.sim.cluster import eventually, ready_domain_status
-from nvlfabric.sim.controlplane import ControlPlane
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.controlplane import ControlPlane
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
 
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}

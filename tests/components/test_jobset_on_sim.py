@@ -28,12 +28,12 @@ from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, CLIQUE_LABEL, WORKLOAD_
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
-from nvlfabric.sim.controlplane import ControlPlane
-from nvlfabric.sim.pulumi_cli import PulumiProject
-from tests import installed
-from tests.components.onsim import container_record, running, single_clique_domain
+from nvlfabric.testbed.controlplane import ControlPlane
+from nvlfabric.testbed.pulumi_cli import PulumiProject
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
-from tests.test_installed_wheel import platform_project
+from tests.packaging.test_installed_wheel import platform_project
+from tests.support import installed
+from tests.support.onsim import container_record, running, single_clique_domain
 
 pytestmark = pytest.mark.cluster
 PORTS = free_ports()

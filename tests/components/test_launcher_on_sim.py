@@ -18,9 +18,9 @@ from lightkube.resources.core_v1 import Pod, Service
 from nvlfabric import manifests
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane
-from tests.components.onsim import single_clique_domain
+from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
+from tests.support.onsim import single_clique_domain
 
 pytestmark = pytest.mark.cluster
 PORTS = free_ports()  # a control plane of its own; free ports so sessions never clash

@@ -21,9 +21,9 @@ from nvlfabric.api.names import WORKLOAD_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
-from nvlfabric.sim.controlplane import ControlPlane
-from tests.components.onsim import container_record, running, single_clique_domain
+from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
+from tests.support.onsim import container_record, running, single_clique_domain
 
 pytestmark = pytest.mark.cluster
 PORTS = free_ports()

@@ -20,9 +20,9 @@ from nvlfabric.api.names import CLIQUE_LABEL, RANK_ANNOTATION
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane
-from tests.components.onsim import multi_clique_domain
+from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
+from tests.support.onsim import multi_clique_domain
 
 pytestmark = pytest.mark.cluster
 PORTS = free_ports()

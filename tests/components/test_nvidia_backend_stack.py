@@ -1,7 +1,7 @@
 """The components on NVIDIA's backend: what they declare (pure), and one stack through the real Pulumi
 CLI on the real API server holding NVIDIA's CRD, moved to nvlfabric's backend and back by one setting.
 
-NVIDIA's controller does not run here: tests/nvidia_standin.py writes what it would (its template,
+NVIDIA's controller does not run here: tests/support/nvidia_standin.py writes what it would (its template,
 finalizer and status). No node runs pods, so the Job's pods stay Pending: this is about what a
 platform repo's `pulumi preview` and `up` do, not about IMEX.
 """
@@ -29,11 +29,11 @@ from nvlfabric.provider.computedomain import CD
 from nvlfabric.provider.nvidiadomain import NVIDIA_CD
 from nvlfabric.review import impact, markdown, preview
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.nvidia_standin import nvidia_controller
 from tests.provider.test_preview_golden import check
 from tests.provider.test_preview_golden import normalise as _normalise
+from tests.support.nvidia_standin import nvidia_controller
 
 NS = "default"
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia_stack"

@@ -7,7 +7,7 @@ The pure tests check that the schema is derived from the pydantic models and how
 inputs, and what `python -m nvlfabric.components.plugin_dir` writes; the end-to-end tests write the
 plugin directory into the consumer project (a tmp directory, outside the checkout), add the package
 (the engine creates the plugin's own virtualenv and installs nvlfabric into it from the wheel
-tests/installed.py builds), read its schema back through the CLI, fail a preview on a bad argument,
+tests/support/installed.py builds), read its schema back through the CLI, fail a preview on a bad argument,
 run `up` and `destroy`. Neither the checkout nor its .venv is on any path the CLI, the plugin or its
 dynamic providers run with.
 """
@@ -37,13 +37,13 @@ import nvlfabric
 from nvlfabric.api import computedomain as cdapi
 from nvlfabric.api.names import RACK_LABEL
 from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, served
-from nvlfabric.components.provider import NvlfabricProvider
+from nvlfabric.components.pluginserver import NvlfabricProvider
 from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
-from nvlfabric.sim.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
-from tests import installed
+from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 from tests.conftest import Cluster
+from tests.support import installed
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "nvlfabric" / "components" / "plugin"
@@ -158,7 +158,7 @@ def _gone(api: Cluster, res: Any, name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel tests/installed.py builds and every distribution `nvlfabric[pulumi]` needs, fetched
+    """The wheel tests/support/installed.py builds and every distribution `nvlfabric[pulumi]` needs, fetched
     once: what pip installs the plugin's virtualenv from, with no index (the CLI runs offline)."""
     wheel = installed.wheel()
     names = zipfile.ZipFile(wheel).namelist()

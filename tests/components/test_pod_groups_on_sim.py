@@ -31,8 +31,8 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.provider import scheduling
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.controlplane import ControlPlane
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster, free_ports, simulated_rack
 
 pytestmark = pytest.mark.cluster

@@ -15,7 +15,7 @@ import pytest
 from pulumi import RunError
 
 from nvlfabric.components import shutdown
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "stopped_stack"
 

@@ -1,4 +1,4 @@
-"""The YAML consumer upgrades its component provider from the previous release (tests/test_upgrade.py
+"""The YAML consumer upgrades its component provider from the previous release (tests/e2e/test_upgrade.py
 is the same for a Python platform repo): the previous release's example project and plugin
 directory, from this checkout's git history, brought up with the previous wheel; then the plugin
 directory as this release writes it (its requirement pinned to this version), `pulumi install`, and:
@@ -25,8 +25,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 import nvlfabric
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
-from nvlfabric.sim.pulumi_cli import project_from_fixture
-from tests import installed
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.components.test_package_consumer import (  # noqa: F401 (fixtures)
     PLUGIN,
     _gone,
@@ -35,7 +34,8 @@ from tests.components.test_package_consumer import (  # noqa: F401 (fixtures)
     wheelhouse,
 )
 from tests.conftest import Cluster
-from tests.test_upgrade import KEPT_TYPES, golden, previous_release, steps_of
+from tests.support import installed
+from tests.e2e.test_upgrade import KEPT_TYPES, golden, previous_release, steps_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 

@@ -1,6 +1,6 @@
 """nvlfabric's Kueue admission check, its pure parts (nvlfabric/controller/admission.py): which
 workloads it judges, the groups it reads from their pod sets, and what it answers; BoundJob's
-`queue_name`. End to end with the real Kueue: tests/test_kueue_on_sim.py."""
+`queue_name`. End to end with the real Kueue: tests/e2e/test_kueue_on_sim.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A ComputeDomain's summary when a member node's NVLink fabric is unhealthy (the Node condition
 its agent sets): Degraded naming the node, the FabricHealthy condition, unhealthyNodes; the pods
-are not touched. The whole path on the simulator: tests/test_fabric_health.py."""
+are not touched. The whole path on the simulator: tests/e2e/test_fabric_health.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The controller's IMEX signer, rule by rule (nvlfabric/controller/imexauth.py): which requests
 it signs, what it denies and with which words, and what a signed certificate holds. The cluster
-path (the agents' requests, the Secret, the daemons) is tests/test_imex_auth_on_sim.py."""
+path (the agents' requests, the Secret, the daemons) is tests/e2e/test_imex_auth_on_sim.py."""
 
 from __future__ import annotations
 

@@ -26,10 +26,10 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.resource_v1 import DeviceClass
 from prometheus_client.parser import text_string_to_metric_families
 
-from nvlfabric.api import process
 from nvlfabric.controller import health, pools
 from nvlfabric.controller.__main__ import settings
 from nvlfabric.controller.leader import Action, Seen, decide, lost
+from nvlfabric.daemon import process
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.paths import REPO
 from tests.conftest import Cluster

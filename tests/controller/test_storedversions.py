@@ -36,12 +36,13 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
-from nvlfabric.api import crdgen, names
+from nvlfabric.api import names
+from nvlfabric.codegen import crdgen
 from nvlfabric.controller import storedversions
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.provider.computedomain import ComputeDomainProvider, check_inputs
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.cluster
 NS = "default"

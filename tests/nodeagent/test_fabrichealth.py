@@ -1,7 +1,7 @@
 """The agent's fabric health verdict (nvlfabric/nodeagent/fabrichealth.py): which GPUs, which
 reason, from NVML readings as discovery returns them; the health mask decoded by the reference's
 field table (shared/reference/nvml-imex-gb200.md 1.4). The verdict on the real NVML stand-in and
-what the cluster sees are tested on the simulator (tests/test_fabric_health.py)."""
+what the cluster sees are tested on the simulator (tests/e2e/test_fabric_health.py)."""
 
 from __future__ import annotations
 

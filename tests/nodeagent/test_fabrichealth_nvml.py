@@ -1,7 +1,7 @@
 """The fabric health verdict on unmodified pynvml against the NVML stand-in, for each fault
 `nvlfabric-sim fault` injects: a reading while healthy, the fault written (as into a running
 agent), a second reading. Each case runs in a fresh process: NVML's library handle is
-process-global. What the cluster then sees: tests/test_fabric_health.py."""
+process-global. What the cluster then sees: tests/e2e/test_fabric_health.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ import pytest
 
 from nvlfabric.nodeagent import imex
 from nvlfabric.nodeagent.imex import ImexDomain
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.imex.config import ImexConfig as SimImexConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,14 +61,6 @@ def ip(i: int) -> str:
     return f"{SUBNET}.{i}"
 
 
-def wait_until(fn: Callable[[], T], *, timeout: float = 10.0, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    last = fn()
-    while not last and time.monotonic() < deadline:
-        time.sleep(0.05)
-        last = fn()
-    assert last, f"timed out waiting for {what}; last value: {last!r}"
-    return last
 
 
 def _pids_mentioning(text: str) -> list[int]:
@@ -136,7 +128,8 @@ def all_connected(d: ImexDomain, n: int) -> bool:
 
 def wait_all_connected(domains: list[ImexDomain], n: int) -> None:
     for d in domains:
-        wait_until(functools.partial(all_connected, d, n), what=f"{n} connected, seen from {d.bind_address}")
+        eventually(f"{n} connected, seen from {d.bind_address}", functools.partial(all_connected, d, n),
+                   timeout=10.0, interval=0.05)
 
 
 def start_domain(nodes: Nodes, count: int) -> list[ImexDomain]:
@@ -202,7 +195,7 @@ def test_stopping_a_member_is_noticed_and_leaves_no_process(nodes: Nodes) -> Non
         return probe
 
     for d in domains[:2]:
-        wait_until(lost(d), what=f"node 3 lost, seen from {d.bind_address}")
+        eventually(f"node 3 lost, seen from {d.bind_address}", lost(d), timeout=10.0, interval=0.05)
     assert domains[2].stop() is None  # stopping twice is harmless
 
 
@@ -212,7 +205,7 @@ def test_a_crashed_daemon_is_detected_and_restarted(nodes: Nodes) -> None:
     old = victim.pid
     assert old is not None
     os.kill(old, signal.SIGKILL)
-    assert wait_until(lambda: victim.poll(), what="poll() to see the crash") == -signal.SIGKILL
+    assert eventually("poll() to see the crash", lambda: victim.poll(), timeout=10.0, interval=0.05) == -signal.SIGKILL
     assert not victim.ready()
     victim.ensure_running([ip(1), ip(2)])
     victim.wait_ready(10)

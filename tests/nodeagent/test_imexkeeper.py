@@ -16,7 +16,8 @@ import pytest
 
 from nvlfabric.nodeagent import imex, imexkeeper
 from nvlfabric.nodeagent.imexkeeper import Ensure, Keeper, KeeperDomain, Status, Stop
-from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, nodes, wait_until
+from nvlfabric.sim.cluster import eventually
+from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, nodes
 
 __all__ = ["driver_root", "nodes"]  # test_imex's fixtures, shared
 
@@ -51,7 +52,8 @@ def test_the_agents_domain_runs_in_the_keeper_and_follows_members_without_restar
         assert again.pid == pid and again.run([ip(1), ip(2)]) is None and again.pid == pid
 
         os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: d.poll(), what="the keeper to see the crash") == -signal.SIGKILL
+        assert eventually("the keeper to see the crash", lambda: d.poll(),
+                   timeout=10.0, interval=0.05) == -signal.SIGKILL
         assert d.run([ip(1), ip(2)]) == "started" and d.pid not in (None, pid)
         d.wait_ready(10)
         d.stop()
@@ -79,7 +81,7 @@ def test_a_restarted_keeper_adopts_the_running_daemon_instead_of_restarting_it(n
         assert d2.ready()
         assert d2.run([ip(1), ip(2), ip(3)]) == "members changed" and d2.pid == pid  # SIGUSR1, not a restart
         os.kill(pid, signal.SIGKILL)  # not the keeper's child: it sees the exit, not the status
-        assert wait_until(lambda: d2.poll(), what="the adopted daemon's exit") == 255
+        assert eventually("the adopted daemon's exit", lambda: d2.poll(), timeout=10.0, interval=0.05) == 255
         assert d2.run([ip(1), ip(2), ip(3)]) == "started"
         d2.wait_ready(10)
         d2.stop()
@@ -137,7 +139,7 @@ def test_the_keeper_process_stops_its_daemons_on_sigterm_and_says_so(nodes: Node
                             stderr=subprocess.PIPE, text=True)
     try:
         sock = workdir / imexkeeper.SOCKET_NAME
-        wait_until(sock.exists, what="the keeper's socket")
+        eventually("the keeper's socket", sock.exists, timeout=10.0, interval=0.05)
         d = KeeperDomain(sock, domain_id="clique-a", workdir=workdir, driver_root=nodes.driver_root,
                          bind_address=ip(1), server_port=nodes.server_port, cmd_port=nodes.cmd_port)
         d.run([ip(1)])

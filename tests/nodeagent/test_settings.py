@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nvlfabric.api.computedomain import IMEXMode
-from nvlfabric.api.process import SettingsError
+from nvlfabric.daemon.process import SettingsError
 from nvlfabric.nodeagent import settings
 
 NODE = {"NODE_NAME": "n1", "NODE_IP": "127.0.0.1"}

@@ -28,8 +28,9 @@ from pulumi.dynamic.dynamic import Config
 from pulumi.runtime.rpc import UNKNOWN
 
 from nvlfabric.api import computedomain as cdapi
-from nvlfabric.api import crdgen, names
 from nvlfabric.api import errors as api_errors
+from nvlfabric.api import names
+from nvlfabric.codegen import crdgen
 from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import errors
 from nvlfabric.provider.await_ import ManualClock
@@ -43,7 +44,7 @@ from nvlfabric.provider.computedomain import (
     in_use_message,
 )
 from nvlfabric.sim.cluster import eventually
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
 
 NS = "default"

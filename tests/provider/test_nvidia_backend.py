@@ -3,7 +3,7 @@
 `check` and `diff` are pure. Everything else runs against the real kube-apiserver holding NVIDIA's
 CRD as its chart installs it (tests/fixtures/nvidia/, written from NVIDIA's published v0.4.0
 schema). NVIDIA's controller and daemons do not run here; what they write (the finalizer, the
-workload ResourceClaimTemplate, the status) is written by `tests/nvidia_standin.py`, the way they
+workload ResourceClaimTemplate, the status) is written by `tests/support/nvidia_standin.py`, the way they
 write it, and only where a test says so.
 """
 
@@ -33,7 +33,7 @@ from nvlfabric.provider.computedomain import ComputeDomainProvider
 from nvlfabric.provider.nvidiadomain import CONTROLLER_HINT, NVIDIA_CD, check_inputs, compute_diff
 from nvlfabric.sim.cluster import install_crd
 from tests.conftest import Cluster
-from tests.nvidia_standin import FINALIZER, NvidiaStandIn, nvidia_controller
+from tests.support.nvidia_standin import FINALIZER, NvidiaStandIn, nvidia_controller
 
 NS = "default"
 CRD_FILE = Path(__file__).parents[1] / "fixtures" / "nvidia" / f"{nv.CRD_NAME}.yaml"
@@ -313,7 +313,7 @@ class _FastClock:
 
 
 def test_the_standin_computes_nvidias_global_status() -> None:
-    from tests.nvidia_standin import _global_status
+    from tests.support.nvidia_standin import _global_status
 
     assert _global_status({"numNodes": 0}, []) == "Ready"  # NVIDIA: Ready with no daemon listed at all
     assert _global_status({"numNodes": 2}, [{"status": "Ready"}]) == "NotReady"

@@ -21,7 +21,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import install_crd
-from nvlfabric.sim.pulumi_cli import project_from_fixture
+from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]

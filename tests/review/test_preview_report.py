@@ -71,7 +71,7 @@ def test_a_delete_counts_the_domains_and_the_workloads_pods_once() -> None:
     ('{"steps": [{"urn": "x"}]}', "unexpected preview JSON at steps.0.op: Field required"),
 ])
 def test_input_that_is_not_a_preview_is_one_line_and_exit_2(text: str, words: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "nvlfabric.review.cli", "preview-report", "--no-cluster"],
+    proc = subprocess.run([sys.executable, "-m", "nvlfabric.cli.main", "preview-report", "--no-cluster"],
                           input=text, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
@@ -101,7 +101,7 @@ def test_the_report_reads_running_pods_and_rack_gpus_from_the_cluster(cluster: C
         facts = cluster_facts.read(client, {})
         assert facts.running_by_domain[("default", "eval")] >= 1 and facts.rack_gpus[rack] == (2, 8, 4)
         kubeconfig = cluster.kubeconfig
-        proc = subprocess.run([sys.executable, "-m", "nvlfabric.review.cli", "preview-report",
+        proc = subprocess.run([sys.executable, "-m", "nvlfabric.cli.main", "preview-report",
                                str(GOLDEN / "replace.json"), "--kubeconfig", str(kubeconfig)],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr

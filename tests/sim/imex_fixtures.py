@@ -12,12 +12,12 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.imex.config import ImexConfig, WaitForQuorum, write_config, write_nodes_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,16 +63,6 @@ def free_port(addrs: Iterable[str]) -> int:
     raise RuntimeError("no free port")
 
 
-def wait_until(fn: Callable[[], T | None], *, timeout: float = 10.0, what: str = "condition") -> T:
-    """Polls `fn` until it returns something truthy; fails with the last value after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
 
 
 @dataclass
@@ -107,7 +97,7 @@ class ImexNode:
         return self
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        wait_until(lambda: self.ctl("-q").out == "READY\n", timeout=timeout, what=f"node {self.ip} READY")
+        eventually(f"node {self.ip} READY", lambda: self.ctl("-q").out == "READY\n", timeout=timeout, interval=0.05)
 
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -144,7 +134,7 @@ class ImexNode:
             view = self.nodes()
             return view if pred(view) else None
 
-        return wait_until(probe, timeout=timeout, what=f"{what} (seen from {self.ip})")
+        return eventually(f"{what} (seen from {self.ip})", probe, timeout=timeout, interval=0.05)
 
     def wait_up(self, n: int) -> dict[str, Any]:
         return self.wait_view(lambda v: all_connected(v, n), f"{n} nodes UP")

@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Pod, Service
 
 from nvlfabric.sim import addons
 from nvlfabric.sim.cluster import eventually
-from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import simulated_rack
 
 pytestmark = pytest.mark.cluster

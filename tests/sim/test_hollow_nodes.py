@@ -24,9 +24,9 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
-from tests.test_e2e_agent_on_sim import domain
+from tests.e2e.test_agents_on_sim import domain
 
 pytestmark = pytest.mark.cluster
 RACK = 140  # racks 140 (real) and 141 (hollow): addresses of their own

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nvlfabric.cli.sim import main
 from nvlfabric.sim import images
-from nvlfabric.sim.cli import main
 from nvlfabric.sim.images import AGENT_IMAGE, ImageProgram, image_name
 
 

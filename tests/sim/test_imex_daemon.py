@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.imex.config import ImexConfig, write_config
 from tests.sim.imex_fixtures import (
     ImexCluster,
     all_connected,
     conn_status,
     link_is,
-    wait_until,
 )
 
 ASAN = os.environ.get("NVLFABRIC_IMEX_ASAN") == "1"
@@ -98,9 +98,10 @@ def test_grace_time_recovering_then_disconnected(cluster: ImexCluster) -> None:
     nodes[0].wait_up(2)
     nodes[1].kill()
     lost = time.monotonic()
-    wait_until(lambda: conn_status(nodes[0].nodes(), 0, 1) == "RECOVERING", what="RECOVERING")
+    eventually("RECOVERING", lambda: conn_status(nodes[0].nodes(), 0, 1) == "RECOVERING", timeout=10.0, interval=0.05)
     assert time.monotonic() - lost < 2.0
-    wait_until(lambda: conn_status(nodes[0].nodes(), 0, 1) == "DISCONNECTED", what="DISCONNECTED after 2 s")
+    eventually("DISCONNECTED after 2 s", lambda: conn_status(nodes[0].nodes(), 0, 1) == "DISCONNECTED",
+               timeout=10.0, interval=0.05)
     assert time.monotonic() - lost >= 1.9
     # The only peer is gone: the domain is DOWN from node 0's point of view.
     assert nodes[0].nodes()["status"] == "DOWN"
@@ -110,7 +111,7 @@ def test_grace_forever_stays_recovering(cluster: ImexCluster) -> None:
     nodes = cluster.start(2, grace=-1)
     nodes[0].wait_up(2)
     nodes[1].stop()  # a clean SIGTERM stop looks the same to the peer
-    wait_until(lambda: conn_status(nodes[0].nodes(), 0, 1) == "RECOVERING", what="RECOVERING")
+    eventually("RECOVERING", lambda: conn_status(nodes[0].nodes(), 0, 1) == "RECOVERING", timeout=10.0, interval=0.05)
     time.sleep(1.2)
     assert conn_status(nodes[0].nodes(), 0, 1) == "RECOVERING"
 
@@ -149,7 +150,8 @@ def test_sigusr1_rereads_nodes_file(cluster: ImexCluster) -> None:
     four = [cluster.ip(i) for i in range(4)]
     fourth_file = cluster.write_nodes(four, cluster.dir / "nodes-4.cfg")
     fourth = cluster.add(3, nodes_file=fourth_file).start()
-    wait_until(lambda: conn_status(fourth.nodes(), 3, 0) == "MAP_MISMATCH", what="4th node mismatched")
+    eventually("4th node mismatched", lambda: conn_status(fourth.nodes(), 3, 0) == "MAP_MISMATCH",
+               timeout=10.0, interval=0.05)
 
     cluster.write_nodes(four)  # atomically replaces the shared nodes file
     for node in nodes:
@@ -231,7 +233,8 @@ def test_query_without_daemon_is_unavailable(cluster: ImexCluster) -> None:
 def test_waiting_for_peers_until_ready(cluster: ImexCluster) -> None:
     cluster.write_nodes([cluster.ip(0)])
     node = cluster.add(0, env={"NVLFABRIC_SIM_IMEX_READY_DELAY_MS": "1500"}).start(wait_ready=False)
-    res = wait_until(lambda: r if (r := node.ctl("-q")).rc != 3 else None, what="command service up")
+    res = eventually("command service up", lambda: r if (r := node.ctl("-q")).rc != 3 else None,
+               timeout=10.0, interval=0.05)
     assert (res.rc, res.out) == (1, "WAITING_FOR_PEERS\n")
     assert node.nodes()["status"] == "DOWN"
     node.wait_ready()
@@ -243,7 +246,8 @@ def test_sigterm_exits_zero_promptly(cluster: ImexCluster) -> None:
     t0 = time.monotonic()
     assert nodes[1].stop(timeout=5) == 0
     assert time.monotonic() - t0 < 1.0
-    wait_until(lambda: conn_status(nodes[0].nodes(), 0, 1) == "DISCONNECTED", what="peer DISCONNECTED")
+    eventually("peer DISCONNECTED", lambda: conn_status(nodes[0].nodes(), 0, 1) == "DISCONNECTED",
+               timeout=10.0, interval=0.05)
     nodes[0].signal(signal.SIGINT)
     assert nodes[0].proc is not None and nodes[0].proc.wait(timeout=5) == 0
     assert "SHUTTING_DOWN" in (cluster.dir / "imex-0.log").read_text()
@@ -256,13 +260,15 @@ def test_daemonize_forks_into_background(cluster: ImexCluster) -> None:
                             timeout=10, check=False)
     assert parent.returncode == 0
     log = cluster.dir / "imex-0.log"
-    match = wait_until(lambda: re.search(r"DAEMONIZE=1\), pid (\d+)", log.read_text()), what="daemon pid")
+    match = eventually("daemon pid", lambda: re.search(r"DAEMONIZE=1\), pid (\d+)", log.read_text()),
+               timeout=10.0, interval=0.05)
     pid = int(match.group(1))
     try:
         assert node.ctl("-q").out == "READY\n"
     finally:
         os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "stopped" in log.read_text(), what="daemon gone")
+    eventually("daemon gone", lambda: not Path(f"/proc/{pid}").exists() or "stopped" in log.read_text(),
+               timeout=10.0, interval=0.05)
 
 
 def test_port_flag_overrides_server_port(cluster: ImexCluster, imex_bin: Path) -> None:

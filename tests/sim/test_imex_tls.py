@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.imex.config import ImexConfig, write_config
 from tests.sim.imex_fixtures import (
     ImexCluster,
@@ -24,7 +25,6 @@ from tests.sim.imex_fixtures import (
     all_connected,
     conn_status,
     tls_settings,
-    wait_until,
 )
 
 ASAN = os.environ.get("NVLFABRIC_IMEX_ASAN") == "1"
@@ -117,8 +117,9 @@ def test_plaintext_daemon_is_not_connected(cluster: ImexCluster, ca: TlsAuthorit
                               "plaintext peer refused", timeout=8)
     assert view["status"] == "DEGRADED"
     # The TLS acceptor refuses the plaintext dialer's hello line ...
-    wait_until(lambda: re.search(r"\[WARN\].*refused a peer connection from 127\.0\.21\.3:\d+: TLS handshake "
-                                 r"failed: ", log_of(nodes[0])), what="refusal logged")
+    eventually("refusal logged", lambda: re.search(
+        r"\[WARN\].*refused a peer connection from 127\.0\.21\.3:\d+: TLS handshake failed: ", log_of(nodes[0])),
+        timeout=10.0, interval=0.05)
     # ... which only sees its connections closed: its peers stay NEVER_CONNECTED.
     plain = nodes[2].nodes()
     assert conn_status(plain, 2, 0) == conn_status(plain, 2, 1) == "NEVER_CONNECTED"
@@ -166,7 +167,7 @@ def test_sigusr1_rotates_credentials_without_dropping_links(cluster: ImexCluster
     # New key and certificate from the same CA, written over the configured files.
     ca.issue("node-0-rotated", dns=(TARGET,), key_path=ca.dir / "node-0.key", cert_path=ca.dir / "node-0.pem")
     nodes[0].signal(signal.SIGUSR1)
-    wait_until(lambda: "TLS credentials reloaded" in log_of(nodes[0]), what="reload logged")
+    eventually("reload logged", lambda: "TLS credentials reloaded" in log_of(nodes[0]), timeout=10.0, interval=0.05)
     for _ in range(5):
         assert all_connected(nodes[0].nodes(), 2) and all_connected(nodes[1].nodes(), 2)
         time.sleep(0.1)
@@ -178,7 +179,8 @@ def test_sigusr1_rotates_credentials_without_dropping_links(cluster: ImexCluster
     # A broken file: logged, the current credentials stay in use.
     (ca.dir / "node-0.key").write_text("not a key\n")
     nodes[0].signal(signal.SIGUSR1)
-    wait_until(lambda: "keeping the current TLS credentials" in log_of(nodes[0]), what="failed reload logged")
+    eventually("failed reload logged", lambda: "keeping the current TLS credentials" in log_of(nodes[0]),
+               timeout=10.0, interval=0.05)
     assert re.search(r"\[ERROR\].*keeping the current TLS credentials: .*: IMEX_SERVER_KEY: .*node-0\.key",
                      log_of(nodes[0]))
     assert all_connected(nodes[0].nodes(), 2)

@@ -1,7 +1,7 @@
 """The simulated kubelet's device-health cache and the pods' allocatedResourcesStatus it writes
 (nvlfabric/sim/kubelet/health.py), against the real kubelet's rules (1.37 pkg/kubelet/cm/dra:
 healthinfo.go, UpdateAllocatedResourcesStatus). The stream itself, from the real agent, runs in
-tests/test_fabric_health.py."""
+tests/e2e/test_fabric_health.py."""
 
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim import faults, realnode
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.controlplane import ControlPlane, free_ports
+from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
-from tests.test_e2e_agent_on_sim import _gone, domain
+from tests.e2e.test_agents_on_sim import _gone, domain
 
 pytestmark = pytest.mark.cluster
 RACK = 241

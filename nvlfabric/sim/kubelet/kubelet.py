@@ -88,7 +88,7 @@ RUN_SECONDS_ANNOTATION = "sim.nvlfabric.io/run-seconds"
 KUBELET_VERSION = "v1.37.2-nvlfabric-sim"
 GPU_RESOURCE = names.GPU_RESOURCE
 SYNC_SLOTS = 32
-PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (nvlfabric/sim/controlplane.py waits longer)
+PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (testbed/controlplane.py waits longer)
 
 
 def now() -> datetime.datetime:

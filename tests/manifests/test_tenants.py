@@ -1,0 +1,200 @@
+"""Tenants who cannot reach each other (docs/tenants.md), tried as a tenant on a real API server.
+
+The tenant is a service account of namespace `tenant-b-*` with what a platform gives a team in its
+own namespace: create, get, list and delete of ResourceClaims, ResourceClaimTemplates, Pods and
+ComputeDomains. The scheduler allocates a channel of a clique's pool to any claim of the DeviceClass
+`imex-channel.nvlfabric.io` a pod uses, before any agent can refuse it, so the driver's admission
+policy `nvlfabric-channel-claims` refuses, at creation, every channel claim that is not a
+ComputeDomain's own claim of the same namespace; how many channels a namespace may hold is its
+ResourceQuota's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import ResourceQuotaSpec, ResourceQuotaStatus
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.core_v1 import Namespace, ResourceQuota, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
+
+from nvlfabric.api import computedomain as api
+from nvlfabric.api import names
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.provider.computedomain import channel_claim
+from nvlfabric.sim.cluster import eventually
+from tests.conftest import Cluster
+from tests.manifests.test_admission_policy import (
+    denied,
+    install_driver_objects,
+    policy_in_effect,
+    remove_policies,
+    token_client,
+)
+
+pytestmark = pytest.mark.cluster
+POLICY = "nvlfabric-channel-claims"
+QUOTA_KEY = f"{names.DEVICE_CLASS}.deviceclass.resource.k8s.io/devices"
+TENANT = "team"
+
+
+@dataclass(frozen=True)
+class Tenants:
+    admin: Client
+    tenant: Client  # the service account `team` of namespace b
+    a: str  # another team's namespace
+    b: str  # the tenant's own
+
+
+def _rules() -> list[PolicyRule]:
+    verbs = ["create", "get", "list", "watch", "delete"]
+    return [PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims", "resourceclaimtemplates"],
+                       verbs=verbs),
+            PolicyRule(apiGroups=[""], resources=["pods"], verbs=verbs),
+            PolicyRule(apiGroups=[names.GROUP], resources=["computedomains"], verbs=verbs)]
+
+
+def make_tenant(admin: Client, kubeconfig: dict[str, Any], other: str, own: str) -> Client:
+    """Namespaces `other` and `own`, and a client of the tenant's service account of `own` with a
+    Role there (`_rules`), as a platform sets a team up."""
+    for ns in (other, own):
+        admin.create(Namespace(metadata=ObjectMeta(name=ns)))
+    admin.create(ServiceAccount(metadata=ObjectMeta(name=TENANT, namespace=own)))
+    admin.create(Role(metadata=ObjectMeta(name=TENANT, namespace=own), rules=_rules()))
+    admin.create(RoleBinding(metadata=ObjectMeta(name=TENANT, namespace=own), roleRef=RoleRef(
+        apiGroup="rbac.authorization.k8s.io", kind="Role", name=TENANT),
+        subjects=[Subject(kind="ServiceAccount", name=TENANT, namespace=own)]))
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    return token_client(admin, cluster["server"], cluster["certificate-authority-data"], TENANT, bound_pod=None,
+                        manager="tenant", namespace=own)
+
+
+@pytest.fixture(scope="module")
+def tenants(cluster: Cluster) -> Iterator[Tenants]:
+    admin = cluster.client
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    suffix = uuid.uuid4().hex[:5]
+    a, b = f"tenant-a-{suffix}", f"tenant-b-{suffix}"
+    tenant: Client | None = None
+    try:
+        install_driver_objects(admin)
+        tenant = make_tenant(admin, kubeconfig, a, b)
+        t = Tenants(admin=admin, tenant=tenant, a=a, b=b)
+        policy_in_effect(lambda: admin.create(codecs.from_dict(_claim(b, "probe")), dry_run=True))
+        eventually("the tenant's Role to be in effect", lambda: _can_list(t))
+        yield t
+    finally:
+        if tenant is not None:
+            tenant.close()
+        for ns in (a, b):
+            with contextlib.suppress(ApiError):
+                admin.delete(Namespace, ns)
+        remove_policies(admin)  # the suite's other tests write claims by hand, without a domain's owner
+
+
+def _can_list(t: Tenants) -> bool:
+    try:
+        t.tenant.list(ResourceClaim, namespace=t.b)
+    except ApiError as exc:
+        if exc.status.code == 403:
+            return False
+        raise
+    return True
+
+
+def _claim(namespace: str, name: str, *, config: list[dict[str, Any]] | None = None,
+           owners: list[dict[str, Any]] | None = None, device_class: str = names.DEVICE_CLASS) -> dict[str, Any]:
+    """A hand-written channel claim, as a tenant would write one."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, **({"ownerReferences": owners} if owners else {})},
+            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": device_class}}],
+                                 **({"config": config} if config else {})}}}
+
+
+def _domain(client: Client, namespace: str, name: str) -> Any:
+    return client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace=namespace), spec={}))
+
+
+def _domain_claim(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """The claim the provider makes for domain `name` (nvlfabric/provider/computedomain.py)."""
+    return channel_claim(name, namespace, uid, api.ComputeDomainSpec())
+
+
+def _claims(t: Tenants) -> list[str]:
+    return [c.metadata.name for c in t.admin.list(ResourceClaim, namespace=t.b) if c.metadata]
+
+
+def test_a_channel_claim_without_configuration_is_refused_at_creation(tenants: Tenants) -> None:
+    msg = denied(lambda: tenants.tenant.create(codecs.from_dict(_claim(tenants.b, "stolen"))))
+    assert f"ResourceClaim {tenants.b}/stolen requests DeviceClass {names.DEVICE_CLASS} but carries 0 " \
+           "channel.nvlfabric.io configurations naming a ComputeDomain" in msg, msg
+    assert "declare a ComputeDomain and use its claim" in msg
+    assert "stolen" not in _claims(tenants)
+
+
+def test_a_claim_naming_another_namespaces_domain_is_refused_even_with_its_uid(tenants: Tenants) -> None:
+    theirs = _domain(tenants.admin, tenants.a, "train")  # team a's domain, its uid copied
+    forged = _domain_claim(tenants.a, "train", theirs.metadata.uid)
+    forged["metadata"].update(namespace=tenants.b, name="stolen")
+    msg = denied(lambda: tenants.tenant.create(codecs.from_dict(forged)))
+    assert f"ResourceClaim {tenants.b}/stolen names ComputeDomain {tenants.a}/train" in msg, msg
+    assert f"only for a ComputeDomain of its own namespace {tenants.b}" in msg
+    assert "stolen" not in _claims(tenants)
+
+
+def test_a_claim_its_domain_does_not_own_is_refused(tenants: Tenants) -> None:
+    """The configuration of the tenant's own domain, but a claim the domain did not make: a second
+    channel for one domain, or a claim that outlives it."""
+    own = _domain(tenants.tenant, tenants.b, "mine")
+    claim = _domain_claim(tenants.b, "mine", own.metadata.uid)
+    claim["metadata"].update(name="extra", ownerReferences=[])
+    msg = denied(lambda: tenants.tenant.create(codecs.from_dict(claim)))
+    assert f"ResourceClaim {tenants.b}/extra is not owned by the ComputeDomain its configuration names " \
+           f"({tenants.b}/mine, uid {own.metadata.uid})" in msg, msg
+    claim["metadata"]["ownerReferences"] = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "mine",
+                                            "uid": str(uuid.uuid4())}]
+    assert "is not owned by" in denied(lambda: tenants.tenant.create(codecs.from_dict(claim)))
+
+
+def test_a_claim_template_for_channels_is_refused(tenants: Tenants) -> None:
+    own = _domain(tenants.tenant, tenants.b, "per-pod")
+    claim = _domain_claim(tenants.b, "per-pod", own.metadata.uid)
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "per-pod", "namespace": tenants.b, "ownerReferences":
+                             claim["metadata"]["ownerReferences"]},
+                "spec": {"spec": claim["spec"]}}
+    msg = denied(lambda: tenants.tenant.create(codecs.from_dict(template)))
+    assert f"ResourceClaimTemplate {tenants.b}/per-pod requests DeviceClass {names.DEVICE_CLASS}" in msg, msg
+    assert "never a claim per pod" in msg
+    assert not list(tenants.admin.list(ResourceClaimTemplate, namespace=tenants.b))
+
+
+def test_claims_of_other_device_classes_are_not_ours_to_judge(tenants: Tenants) -> None:
+    other = _claim(tenants.b, "gpus", device_class="gpu.example.com")
+    tenants.tenant.create(codecs.from_dict(other), dry_run=True)
+
+
+def test_the_tenants_own_domain_claim_is_admitted_and_quota_bounds_its_channels(tenants: Tenants) -> None:
+    """A team's own domains get their channels; its ResourceQuota, not the clique's 2047, is what
+    bounds how many it holds."""
+    tenants.admin.create(ResourceQuota(metadata=ObjectMeta(name="channels", namespace=tenants.b),
+                                       spec=ResourceQuotaSpec(hard={QUOTA_KEY: "1"})))
+    eventually("the quota controller to count the namespace's channels", lambda: (tenants.admin.get(
+        ResourceQuota, "channels", namespace=tenants.b).status or ResourceQuotaStatus()).hard)
+    first = _domain(tenants.tenant, tenants.b, "first")
+    tenants.tenant.create(codecs.from_dict(_domain_claim(tenants.b, "first", first.metadata.uid)))
+    second = _domain(tenants.tenant, tenants.b, "second")
+    with pytest.raises(ApiError) as info:
+        tenants.tenant.create(codecs.from_dict(_domain_claim(tenants.b, "second", second.metadata.uid)))
+    assert info.value.status.code == 403 and "exceeded quota: channels" in (info.value.status.message or "")
+    assert QUOTA_KEY in (info.value.status.message or "")
+    assert _claims(tenants) == ["first-channel"]
