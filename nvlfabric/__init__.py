@@ -52,7 +52,9 @@ def __getattr__(name: str) -> Any:
     try:
         components = importlib.import_module("nvlfabric.components")
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in ("pulumi", "pulumi_kubernetes", "lightkube"):
+        # Any missing library, not only Pulumi's: the components import gRPC (their shutdown hook)
+        # before the Pulumi SDK, and the 'pulumi' extra brings every one they need.
+        if exc.name and exc.name.split(".")[0] != "nvlfabric":
             raise ModuleNotFoundError(
                 f"nvlfabric.{name} needs the Pulumi SDK ({exc.name} is not installed); "
                 "install nvlfabric with its 'pulumi' extra: pip install 'nvlfabric[pulumi]'", name=exc.name) from exc

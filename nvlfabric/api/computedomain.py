@@ -240,11 +240,6 @@ ALL_NEEDS_DEDICATED_RULE: JsonDict = {
     " || (has(self.imexMode) && self.imexMode == 'Dedicated')",
     "message": ALL_NEEDS_DEDICATED_MESSAGE,
 }
-NAME_MESSAGE = (
-    "metadata.name must be a DNS label: at most 63 lowercase letters, digits and '-', starting and "
-    "ending with a letter or digit (it is used in derived object names and label values)"
-)
-
 
 class _Spec(BaseModel):
     """Base of models users write: unknown fields are errors, API (camelCase) names are used."""

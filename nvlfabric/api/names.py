@@ -31,6 +31,9 @@ RACK_FIELD_MANAGER_PREFIX: Final = "nvlfabric-rack-"
 RACK_NODES_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:RackNodes", "nvlfabric:kubernetes:RackNodes")
 """The Pulumi types of an Nvl72Rack's node labelling: a Python program's dynamic resource, the
 component provider's own. Racks before the first release (0.1.0) made a `kubernetes:core/v1:NodePatch` per node."""
+COMPUTE_DOMAIN_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:ComputeDomain", "nvlfabric:index:ComputeDomainResource")
+"""The Pulumi types of a ComputeDomain's custom resource: a Python program's dynamic resource, the
+component provider's own (read by the policy pack and the preview report)."""
 AGENT_IMAGE_REPOSITORY: Final = "nvlfabric/node-agent"
 """The image of the node agent, the IMEX keeper and the controller (one image, three commands)."""
 AGENT_IMAGE: Final = f"{AGENT_IMAGE_REPOSITORY}:{__version__}"
@@ -207,6 +210,9 @@ MAX_CLIQUES_PER_DOMAIN: Final = 64
 4608 GPUs, beyond any one training job we know of and well inside what the controller lists."""
 CLIQUE_GROUP_ANNOTATION: Final = "nvlfabric.io/clique-group"
 """On a bound pod of a multi-clique ComputeDomain: the index of its clique group (its claim)."""
+CLIQUE_GROUP_LABEL: Final = CLIQUE_GROUP_ANNOTATION
+"""The same key as a label of a multi-clique workload's pod templates (one template per group), so
+a group's pods and its selector can be told apart."""
 RANK_ANNOTATION: Final = "nvlfabric.io/rank"
 """On such a pod, written by the controller as it lifts the pod's gate: its rank in the whole job,
 group index x group size + the pod's index in its group (Kubernetes' env cannot add), which the

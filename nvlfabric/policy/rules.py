@@ -19,15 +19,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nvlfabric.api.names import RACK_LABEL, RACK_NODES_TYPES
+from nvlfabric.api.names import (
+    COMPUTE_DOMAIN_LABEL,
+    COMPUTE_DOMAIN_TYPES,
+    GPU_RESOURCE,
+    RACK_LABEL,
+    RACK_NODES_TYPES,
+)
 
-DOMAIN_TYPES = ("pulumi-python:dynamic/nvlfabric:ComputeDomain", "nvlfabric:index:ComputeDomainResource")
+DOMAIN_TYPES = COMPUTE_DOMAIN_TYPES
 WORKLOAD_TEMPLATES = {
     "kubernetes:batch/v1:Job": ("spec", "template"),
     "kubernetes:apps/v1:StatefulSet": ("spec", "template"),
     "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet": ("spec", "leaderWorkerTemplate", "workerTemplate"),
 }
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 
 
 def _at(obj: Any, path: Iterable[str]) -> Any:
@@ -39,13 +45,13 @@ def _at(obj: Any, path: Iterable[str]) -> Any:
 def bound_workload_without_gpus(resource_type: str, props: Mapping[str, Any]) -> str | None:
     """Why a bound workload breaks `bound-workloads-request-gpus`, or None."""
     labels = _at(props, ("metadata", "labels")) or {}
-    if resource_type not in WORKLOAD_TEMPLATES or "nvlfabric.io/compute-domain" not in labels:
+    if resource_type not in WORKLOAD_TEMPLATES or COMPUTE_DOMAIN_LABEL not in labels:
         return None
     containers = _at(props, (*WORKLOAD_TEMPLATES[resource_type], "spec", "containers")) or []
     if any(GPU in ((c.get("resources") or {}).get("limits") or {}) for c in containers if isinstance(c, Mapping)):
         return None
     name = _at(props, ("metadata", "name"))
-    domain = labels["nvlfabric.io/compute-domain"]
+    domain = labels[COMPUTE_DOMAIN_LABEL]
     return (f"{resource_type.rsplit(':', 1)[-1]} {name} is bound to ComputeDomain {domain} but no container "
             f"asks for {GPU}: nothing spreads its pods over the nodes, so the domain's numNodes may never be "
             "reached; give the BoundJob gpus_per_pod (and leave gpu_resource set)")

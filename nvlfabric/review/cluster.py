@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, RACK_LABEL, WORKLOAD_LABEL
+from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, GPU_RESOURCE, RACK_LABEL, WORKLOAD_LABEL
 from nvlfabric.kube.errors import api_call
 from nvlfabric.provider import racks
 from nvlfabric.review.impact import Facts
 
 
-def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: str = "nvidia.com/gpu") -> Facts:
+def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: str = GPU_RESOURCE) -> Facts:
     """Running pods per domain and per workload (by nvlfabric's labels on them), and per rack its
     Nodes' GPUs and the free ones (as the rack component counts them at preview). The racks are
     the cluster's (Nodes labelled nvlfabric.io/rack: a preview lists only the racks it changes)

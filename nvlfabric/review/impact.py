@@ -19,17 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvlfabric.api.names import RACK_LABEL, RACK_NODES_TYPES
+from nvlfabric.api.names import COMPUTE_DOMAIN_TYPES, GPU_RESOURCE, RACK_LABEL, RACK_NODES_TYPES, WORKLOAD_LABEL
 from nvlfabric.review.preview import REPLACE_OPS, Preview, Step
 
-DOMAIN_TYPES = frozenset({"pulumi-python:dynamic/nvlfabric:ComputeDomain", "nvlfabric:index:ComputeDomainResource"})
+DOMAIN_TYPES = frozenset(COMPUTE_DOMAIN_TYPES)
 WORKLOAD_TYPES = {"kubernetes:batch/v1:Job": "Job", "kubernetes:apps/v1:StatefulSet": "StatefulSet",
                   "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet": "JobSet",
                   "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet": "LeaderWorkerSet"}
 BOUND_JOB = "nvlfabric:index:BoundJob"
 RACK = "nvlfabric:index:Nvl72Rack"
 CHANGING = ("create", "update", "replace", "delete")
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -203,13 +203,13 @@ def build(preview: Preview, facts: Facts | None) -> Report:
 def _workload(object_name: str, step: Step) -> str:
     """The BoundJob's name, which its pods carry (a multi-clique Job `<name>-<g>` is one group of it)."""
     labels = ((step.state.inputs.get("metadata") or {}).get("labels") or {})
-    return str(labels.get("nvlfabric.io/workload") or _template_label(step) or object_name)
+    return str(labels.get(WORKLOAD_LABEL) or _template_label(step) or object_name)
 
 
 def _template_label(step: Step) -> str | None:
     spec = step.state.inputs.get("spec") or {}
     tpl = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get("workerTemplate") or {}
-    return ((tpl.get("metadata") or {}).get("labels") or {}).get("nvlfabric.io/workload")
+    return ((tpl.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
 
 
 def _who(urn: str) -> str:

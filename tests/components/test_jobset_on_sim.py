@@ -31,8 +31,8 @@ from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from nvlfabric.testbed.pulumi_cli import PulumiProject
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
-from tests.packaging.test_installed_wheel import platform_project
 from tests.support import installed
+from tests.support.installed import platform_project
 from tests.support.onsim import container_record, running, single_clique_domain
 
 pytestmark = pytest.mark.cluster

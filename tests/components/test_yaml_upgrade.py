@@ -35,7 +35,7 @@ from tests.components.test_package_consumer import (  # noqa: F401 (fixtures)
 )
 from tests.conftest import Cluster
 from tests.support import installed
-from tests.e2e.test_upgrade import KEPT_TYPES, golden, previous_release, steps_of
+from tests.support.upgrade import KEPT_TYPES, golden, previous_release, steps_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 

@@ -21,25 +21,20 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightkube import ApiError, Client, codecs
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.core_v1 import Container, EnvVar, PodResourceClaim, PodSpec, ResourceRequirements
-from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.core_v1 import EnvVar
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nvlfabric import manifests
-from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.nodeagent import imex
-from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd
-from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
+from tests.support.agents import domain_with_pods, edits, imex_daemon, pod_gone
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -68,28 +63,6 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def domain(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None) -> str:
-    """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node;
-    returns the domain's UID."""
-    spec = spec or {}
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
-    # The driver's admission policy admits a channel claim only as its domain's own (owned, configured).
-    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid,
-                                                 api.ComputeDomainSpec.model_validate(spec))))
-    for i, node in enumerate(nodes):
-        client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
-            nodeSelector={"kubernetes.io/hostname": node},
-            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
-            containers=[Container(name="worker", image="registry.invalid/train:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
-    return str(cd.metadata.uid)
-
-
-def edits(state: Path, node: str, pod: str, container: str = "worker", namespace: str = "default") -> dict[str, object]:
-    """The CDI edits the simulated runtime applied to a container of pod `namespace`/`pod`."""
-    return json.loads((state / "nodes" / node / "containers" / f"{namespace}_{pod}_{container}.json").read_text())
-
-
 def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlane, Client]) -> None:
     cp, client = sim
     names = [n.name for n in cp.nodes()]
@@ -101,8 +74,8 @@ def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlan
                lambda: list(client.list(ResourceSlice, labels={pools.POOL_LABEL: pools.pool_name(clique)})))
 
     a, b = f"a-{uuid.uuid4().hex[:5]}", f"b-{uuid.uuid4().hex[:5]}"
-    domain(client, a, names[:2])  # one domain over two nodes
-    domain(client, b, names[1:2])  # another domain sharing a node with the first
+    domain_with_pods(client, a, names[:2])  # one domain over two nodes
+    domain_with_pods(client, b, names[1:2])  # another domain sharing a node with the first
     try:
         for pod in (f"{a}-0", f"{a}-1", f"{b}-0"):
             eventually(f"pod {pod} to run", lambda pod=pod: (
@@ -130,7 +103,7 @@ def test_pods_of_two_domains_start_with_their_own_channel(sim: tuple[ControlPlan
                     client.delete(Pod, f"{cd}-{i}", namespace="default")
     for cd, count in ((a, 2), (b, 1)):
         for i in range(count):
-            eventually("the pods to be removed after unprepare", lambda cd=cd, i=i: _gone(client, f"{cd}-{i}"))
+            eventually("the pods to be removed after unprepare", lambda cd=cd, i=i: pod_gone(client, f"{cd}-{i}"))
     for node in names:
         assert not list((cp.state_dir / "nodes" / node / "cdi" / "run").glob("k8s.channel.nvlfabric.io-claim_*"))
 
@@ -151,7 +124,8 @@ def test_a_dedicated_domain_with_all_channels_gets_its_own_imex_daemons(sim: tup
     eventually("the agents to label their Nodes", lambda: all(
         (client.get(Node, n).metadata.labels or {}).get(pools.CLIQUE_LABEL) for n in names), timeout=90)
     name = f"d-{uuid.uuid4().hex[:5]}"
-    uid = domain(client, name, names, {"imexMode": "Dedicated", "channelAllocationMode": "All", "numNodes": 2})
+    uid = domain_with_pods(client, name, names,
+                           {"imexMode": "Dedicated", "channelAllocationMode": "All", "numNodes": 2})
     try:
         for i in range(2):
             eventually(f"pod {name}-{i} to run", lambda i=i: (
@@ -178,20 +152,12 @@ def test_a_dedicated_domain_with_all_channels_gets_its_own_imex_daemons(sim: tup
             with contextlib.suppress(ApiError):
                 client.delete(Pod, f"{name}-{i}", namespace="default")
     for i in range(2):
-        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"))
+        eventually("the pods to be removed after unprepare", lambda i=i: pod_gone(client, f"{name}-{i}"))
     for node in names:
         assert not _listening(nodes[node].address, 50000 + 10 * slot), "the dedicated daemon outlived its pods"
         assert not (nodes[node].kubelet_root / "plugins" / DRIVER / "imex" / f"cd-{uid}").exists()
     client.delete(ComputeDomainResource, name, namespace="default")
     client.delete(ResourceClaim, f"{name}-channel", namespace="default")
-
-
-def _gone(client: Client, pod: str) -> bool:
-    try:
-        client.get(Pod, pod, namespace="default")
-    except ApiError as exc:
-        return exc.status.code == 404
-    return False
 
 
 def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: tuple[ControlPlane, Client]) -> None:
@@ -224,14 +190,6 @@ def test_agents_report_health_metrics_and_a_fabric_that_stops_being_ready(sim: t
         client.get(Node, node.name).metadata.labels or {}), timeout=60)
 
 
-def imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
-    """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
-    by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
-    work = f"plugins/{DRIVER}/imex/clique-{clique}"
-    pids = [p for p in imex.daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
-    return pids, (node.kubelet_root / work / "nodes.cfg").read_text()
-
-
 def _agent_pods(client: Client) -> dict[str, Pod]:
     return {p.spec.nodeName: p for p in client.list(Pod, namespace="nvlfabric-system",
                                                     labels={"app.kubernetes.io/name": "nvlfabric-agent"})}
@@ -260,7 +218,7 @@ def test_running_pods_keep_their_imex_daemon_across_an_agent_kill_and_a_rolling_
                              for n in nodes]) == len(nodes) and None not in c and len(set(c)) == 1 else None),
         timeout=90)
     name = f"u-{uuid.uuid4().hex[:5]}"
-    domain(client, name, names)
+    domain_with_pods(client, name, names)
     try:
         for i in range(2):
             eventually(f"pod {name}-{i} to run", lambda i=i: (
@@ -308,7 +266,7 @@ def test_running_pods_keep_their_imex_daemon_across_an_agent_kill_and_a_rolling_
             with contextlib.suppress(ApiError):
                 client.delete(Pod, f"{name}-{i}", namespace="default")
     for i in range(2):
-        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"))
+        eventually("the pods to be removed after unprepare", lambda i=i: pod_gone(client, f"{name}-{i}"))
     client.delete(ComputeDomainResource, name, namespace="default")
     client.delete(ResourceClaim, f"{name}-channel", namespace="default")
 

@@ -28,7 +28,7 @@ from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
-from tests.e2e.test_agents_on_sim import domain
+from tests.support.agents import domain_with_pods
 
 pytestmark = pytest.mark.cluster
 RACK = 175  # addresses 127.10.175.x: a rack number no other test uses
@@ -109,7 +109,7 @@ def test_a_fabric_fault_on_a_node_with_running_pods_is_told_within_5s_then_clear
     eventually("the agent to label its Node with the clique", lambda: (
         client.get(Node, node.name).metadata.labels or {}).get(names.CLIQUE_LABEL), timeout=90)
     a, b = f"fh-{uuid.uuid4().hex[:5]}", f"fh-new-{uuid.uuid4().hex[:5]}"
-    domain(client, a, [node.name])
+    domain_with_pods(client, a, [node.name])
     eventually(f"pod {a}-0 to run", lambda: client.get(Pod, f"{a}-0", namespace="default").status.phase == "Running",
                timeout=120)
     ready_domain_status(client, a)
@@ -166,7 +166,7 @@ def test_a_fabric_fault_on_a_node_with_running_pods_is_told_within_5s_then_clear
         pod = client.get(Pod, f"{a}-0", namespace="default")
         assert pod.metadata.uid == running and pod.metadata.deletionTimestamp is None
         assert pod.status.phase == "Running"
-        domain(client, b, [node.name])
+        domain_with_pods(client, b, [node.name])
         unschedulable = eventually(f"pod {b}-0 to be refused by the scheduler", lambda: next((
             c for c in client.get(Pod, f"{b}-0", namespace="default").status.conditions or []
             if c.type == "PodScheduled" and c.reason == "Unschedulable"), None), timeout=30)

@@ -42,8 +42,8 @@ from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import simulated_rack
-from tests.e2e.test_agents_on_sim import _gone, domain
-from tests.manifests.test_admission_policy import token_client
+from tests.support.agents import domain_with_pods, pod_gone
+from tests.support.tenants import token_client
 
 pytestmark = pytest.mark.cluster
 RACK = 171  # addresses 127.10.171.x: a rack number no other test uses
@@ -113,7 +113,7 @@ def _cleanup(client: Client, name: str, count: int) -> None:
         with contextlib.suppress(ApiError):
             client.delete(Pod, f"{name}-{i}", namespace="default")
     for i in range(count):
-        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"), timeout=90)
+        eventually("the pods to be removed after unprepare", lambda i=i: pod_gone(client, f"{name}-{i}"), timeout=90)
     with contextlib.suppress(ApiError):
         client.delete(ComputeDomainResource, name, namespace="default")
     with contextlib.suppress(ApiError):
@@ -145,8 +145,8 @@ def test_a_tls_domain_authenticates_with_its_own_authority_and_refuses_intruders
     client, nodes = rack.client, rack.nodes
     members, other = sorted(nodes)[:2], sorted(nodes)[2]
     a, b = f"tls-a-{uuid.uuid4().hex[:5]}", f"tls-b-{uuid.uuid4().hex[:5]}"
-    uid_a = domain(client, a, members, {"imexMode": "Dedicated", "numNodes": 2})  # TLS by the driver's default
-    uid_b = domain(client, b, [other], {"imexMode": "Dedicated", "imexAuthentication": "TLS"})
+    uid_a = domain_with_pods(client, a, members, {"imexMode": "Dedicated", "numNodes": 2})  # TLS: the default
+    uid_b = domain_with_pods(client, b, [other], {"imexMode": "Dedicated", "imexAuthentication": "TLS"})
     intruders: list[subprocess.Popen[bytes]] = []
     try:
         status = _ready(client, a)
@@ -217,7 +217,7 @@ def test_certificates_are_renewed_under_a_running_domain_without_disturbing_it(r
     client, nodes = rack.client, rack.nodes
     members = sorted(nodes)[:2]
     name = f"tls-r-{uuid.uuid4().hex[:5]}"
-    uid = domain(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
+    uid = domain_with_pods(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
     try:
         status = _ready(client, name)
         ports = imex.ports_for_slot(status["imexPortSlot"])
@@ -255,7 +255,7 @@ def test_the_controller_signs_for_members_only(rack: Rack) -> None:
     client, nodes = rack.client, rack.nodes
     members, outsider = sorted(nodes)[:1], sorted(nodes)[2]
     name = f"tls-s-{uuid.uuid4().hex[:5]}"
-    uid = domain(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS"})
+    uid = domain_with_pods(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS"})
     kubeconfig = yaml.safe_load(rack.cp.kubeconfig.read_text())["clusters"][0]["cluster"]
     agent_pod = next(p for p in client.list(Pod, namespace=names.NAMESPACE,
                                             labels={"app.kubernetes.io/name": "nvlfabric-agent"})
@@ -336,7 +336,7 @@ def test_the_authority_is_replaced_under_a_running_domain_and_the_old_one_stops_
     client, nodes = rack.client, rack.nodes
     members, outsider = sorted(nodes)[:2], sorted(nodes)[2]
     name = f"tls-x-{uuid.uuid4().hex[:5]}"
-    uid = domain(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
+    uid = domain_with_pods(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
     secret_name = f"{names.IMEX_CA_SECRET_PREFIX}{uid}"
     intruders: list[subprocess.Popen[bytes]] = []
 

@@ -36,8 +36,8 @@ from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import simulated_rack
-from tests.e2e.test_agents_on_sim import edits
-from tests.manifests.test_tenants import make_tenant
+from tests.support.agents import edits
+from tests.support.tenants import make_tenant
 
 pytestmark = pytest.mark.cluster
 RACK = 167  # addresses 127.10.167.x: a rack number no other test uses

@@ -28,8 +28,6 @@ release's code, the new agents adopt what those prepared, and the previous relea
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -52,16 +50,14 @@ from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nvml.topology import rack_name
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import simulated_rack
-from tests.e2e.test_agents_on_sim import edits, imex_daemon
-from tests.packaging.test_installed_wheel import platform_project
 from tests.support import installed
+from tests.support.agents import edits, imex_daemon
+from tests.support.installed import platform_project
+from tests.support.upgrade import KEPT_TYPES, golden, previous_release, steps_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 RACK = 166  # addresses 127.10.166.x: a rack number no other test uses
-GOLDEN = installed.REPO / "tests" / "golden" / "upgrade"
-RELEASE = re.compile(r"^## (\d+\.\d+\.\d+) — ", re.M)
 # What an upgrade may never replace, delete or change: the user's domains, workloads and claims.
-KEPT_TYPES = ("ComputeDomain", "BoundJob", "batch/v1:Job", "ResourceClaim")
 
 PROGRAM = '''\
 """A platform repo's stack: the driver, one NVL72 rack, and (unless `removeDomain`) a ComputeDomain
@@ -79,26 +75,6 @@ if not config.get_bool("removeDomain"):
     BoundJob("pretrain", name=config.require("domain"), compute_domain=cd, parallelism=2, gpus_per_pod=4,
              pod_template={"spec": {"containers": [{"name": "trainer", "image": "registry.invalid/train:1"}]}})
 '''
-
-
-def previous_release() -> tuple[str, str]:
-    """(version, git ref) of the newest release before this version."""
-    released = RELEASE.findall((installed.REPO / "CHANGELOG.md").read_text())
-    older = [v for v in released if v != nvlfabric.__version__]
-    if not older:
-        pytest.skip("no release before this one to upgrade from")
-    version = older[0]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(installed.REPO), *args], check=True, capture_output=True, text=True,
-                              timeout=60).stdout.strip()
-
-    if git("tag", "--list", f"v{version}"):
-        return version, f"v{version}"
-    # A clone without tags: the commit that set the version (tests/packaging/test_release.py holds the two equal).
-    commit = installed.commit_setting(version)
-    assert commit, f"no tag v{version} and no commit that sets version {version}"
-    return version, commit
 
 
 @pytest.fixture(scope="module")
@@ -139,26 +115,6 @@ def running_from(venv: Path, role: str) -> list[int]:
         if argv[0] == str(venv / "bin" / "python").encode() and role.encode() in argv[1:]:
             out.append(int(proc.name))
     return out
-
-
-def steps_of(preview: dict[str, Any]) -> list[list[Any]]:
-    """The preview's steps that do something: [op, type, name, the properties that differ], sorted."""
-    out = []
-    for st in preview["steps"]:
-        if st["op"] in ("same", "read"):
-            continue
-        type_, name = st["urn"].split("::")[-2].split("$")[-1], st["urn"].split("::")[-1]
-        out.append([st["op"], type_, name, sorted(st.get("detailedDiff") or st.get("diffReasons") or [])])
-    return sorted(out)
-
-
-def golden(name: str, got: list[list[Any]]) -> list[list[Any]]:
-    path = GOLDEN / name
-    if os.environ.get("NVLFABRIC_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(got, indent=1) + "\n")
-    assert path.exists(), f"{path} is missing; run with NVLFABRIC_UPDATE_GOLDEN=1 and review it"
-    return list(json.loads(path.read_text()))
 
 
 def _driver_pods(client: Client, name: str) -> dict[str, Pod]:

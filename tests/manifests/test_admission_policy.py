@@ -28,8 +28,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from lightkube import ApiError, Client, codecs
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import (
     Container,
@@ -52,7 +50,7 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.certificates_v1 import CertificateSigningRequest
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
@@ -66,6 +64,7 @@ from nvlfabric.controller.reservations import PendingPod, pioneer_patch, reserva
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
+from tests.support.tenants import token_client
 
 pytestmark = pytest.mark.cluster
 NAMESPACE = names.NAMESPACE
@@ -94,28 +93,6 @@ class Env:
     def token_client(self, service_account: str, *, bound_pod: Pod | None = None, manager: str) -> Client:
         return token_client(self.admin, self.server, self.ca_data, service_account, bound_pod=bound_pod,
                             manager=manager)
-
-
-def token_client(admin: Client, server: str, ca_data: str, service_account: str, *, bound_pod: Pod | None,
-                 manager: str, namespace: str = NAMESPACE) -> Client:
-    """A client authenticating with a fresh TokenRequest token of the service account (of `namespace`);
-    bound to `bound_pod` when given (the token then carries the pod's node, as a projected token does)."""
-    bound = None
-    if bound_pod is not None:
-        assert bound_pod.metadata is not None
-        bound = BoundObjectReference(kind="Pod", apiVersion="v1", name=bound_pod.metadata.name,
-                                     uid=bound_pod.metadata.uid)
-    req = ServiceAccount.Token(metadata=ObjectMeta(name=service_account, namespace=namespace),
-                               spec=TokenRequestSpec(audiences=[], expirationSeconds=3600, boundObjectRef=bound))
-    resp = admin.create(req, service_account, namespace=namespace)
-    assert resp.status is not None and resp.status.token
-    config = KubeConfig.from_dict({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "sim", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
-        "users": [{"name": service_account, "user": {"token": resp.status.token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "sim", "user": service_account}}],
-    })
-    return Client(config=config, field_manager=manager)
 
 
 def denied(action: Callable[[], Any]) -> str:
@@ -697,7 +674,6 @@ def test_manifest_binds_each_policy() -> None:
     bindings = {d["spec"]["policyName"]: d["spec"]["validationActions"] for d in docs
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == set(POLICIES) and bindings == {p: ["Deny"] for p in POLICIES}
-
 
 
 def test_agent_reports_a_domain_entry_on_its_own_node_only(env: Env) -> None:

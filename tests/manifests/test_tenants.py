@@ -22,9 +22,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceQuotaSpec, ResourceQuotaStatus
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
-from lightkube.resources.core_v1 import Namespace, ResourceQuota, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube.resources.core_v1 import Namespace, ResourceQuota
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from nvlfabric.api import computedomain as api
@@ -38,13 +36,12 @@ from tests.manifests.test_admission_policy import (
     install_driver_objects,
     policy_in_effect,
     remove_policies,
-    token_client,
 )
+from tests.support.tenants import make_tenant
 
 pytestmark = pytest.mark.cluster
 POLICY = "nvlfabric-channel-claims"
 QUOTA_KEY = f"{names.DEVICE_CLASS}.deviceclass.resource.k8s.io/devices"
-TENANT = "team"
 
 
 @dataclass(frozen=True)
@@ -53,29 +50,6 @@ class Tenants:
     tenant: Client  # the service account `team` of namespace b
     a: str  # another team's namespace
     b: str  # the tenant's own
-
-
-def _rules() -> list[PolicyRule]:
-    verbs = ["create", "get", "list", "watch", "delete"]
-    return [PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims", "resourceclaimtemplates"],
-                       verbs=verbs),
-            PolicyRule(apiGroups=[""], resources=["pods"], verbs=verbs),
-            PolicyRule(apiGroups=[names.GROUP], resources=["computedomains"], verbs=verbs)]
-
-
-def make_tenant(admin: Client, kubeconfig: dict[str, Any], other: str, own: str) -> Client:
-    """Namespaces `other` and `own`, and a client of the tenant's service account of `own` with a
-    Role there (`_rules`), as a platform sets a team up."""
-    for ns in (other, own):
-        admin.create(Namespace(metadata=ObjectMeta(name=ns)))
-    admin.create(ServiceAccount(metadata=ObjectMeta(name=TENANT, namespace=own)))
-    admin.create(Role(metadata=ObjectMeta(name=TENANT, namespace=own), rules=_rules()))
-    admin.create(RoleBinding(metadata=ObjectMeta(name=TENANT, namespace=own), roleRef=RoleRef(
-        apiGroup="rbac.authorization.k8s.io", kind="Role", name=TENANT),
-        subjects=[Subject(kind="ServiceAccount", name=TENANT, namespace=own)]))
-    cluster = kubeconfig["clusters"][0]["cluster"]
-    return token_client(admin, cluster["server"], cluster["certificate-authority-data"], TENANT, bound_pod=None,
-                        manager="tenant", namespace=own)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ checkout nor its .venv is on the program's or the dynamic providers' path: what 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,11 +29,8 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 from nvlfabric.api.names import DEVICE_CLASS, NAMESPACE, RACK_LABEL
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
-from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.nvml.topology import rack_name
-from nvlfabric.sim.paths import load_tools
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
-from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject
 from tests.conftest import simulated_rack, stuck_deletions
 from tests.support import installed
 
@@ -79,15 +74,6 @@ def rack() -> Iterator[tuple[ControlPlane, Client]]:
         yield sim
 
 
-def clean_env(venv: Path) -> dict[str, str]:
-    """The environment without anything that points Python at the checkout."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    checkout_venv = installed.REPO / ".venv"
-    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and not Path(p).is_relative_to(checkout_venv)]
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
-    return env
-
-
 def test_the_wheel_installs_nvlfabric_alone(platform_venv: Path) -> None:
     """The venv's interpreter, run from its tmp directory, imports nvlfabric from its own
     site-packages, and nothing there answers to the old generic top-level names."""
@@ -96,7 +82,8 @@ def test_the_wheel_installs_nvlfabric_alone(platform_venv: Path) -> None:
              "print(json.dumps({'file': nvlfabric.__file__, 'path': sys.path,\n"
              f"                  'generic': [m for m in {GENERIC!r} if u.find_spec(m)]}}))\n"
              "from nvlfabric import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver\n")
-    proc = subprocess.run([str(platform_venv / "bin" / "python"), "-c", probe], cwd=tmp, env=clean_env(platform_venv),
+    proc = subprocess.run([str(platform_venv / "bin" / "python"), "-c", probe], cwd=tmp,
+                          env=installed.clean_env(platform_venv),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = json.loads(proc.stdout)
@@ -107,30 +94,6 @@ def test_the_wheel_installs_nvlfabric_alone(platform_venv: Path) -> None:
     assert not [d.name for d in site.iterdir() if d.name in GENERIC]
 
 
-def platform_project(workdir: Path, venv: Path, kubeconfig: Path, program: str = PROGRAM) -> PulumiProject:
-    """The platform repo's Pulumi project (`program`), in the offline environment of
-    nvlfabric/testbed/pulumi_cli.py (`simulator_env` + OFFLINE), with only the platform venv's Python on PATH."""
-    workdir.mkdir()
-    (workdir / "Pulumi.yaml").write_text(textwrap.dedent(f"""\
-        name: platform
-        runtime:
-          name: python
-          options:
-            virtualenv: {venv}
-        """))
-    (workdir / "__main__.py").write_text(program)
-    backend = workdir / ".backend"
-    backend.mkdir()
-    tools = load_tools()
-    env = clean_env(venv)
-    path = env["PATH"]
-    env.update(simulator_env(tools=tools, kubeconfig=kubeconfig, backend_dir=backend))
-    env.update(OFFLINE)
-    # simulator_env puts this interpreter's bin (the checkout's .venv) on PATH: not here.
-    env["PATH"] = os.pathsep.join([str(tools.bin_dir), path])
-    return PulumiProject(workdir=workdir, env=env)
-
-
 @pytest.mark.cluster
 @pytest.mark.pulumi
 @pytest.mark.timeout(1200)
@@ -139,7 +102,7 @@ def test_a_platform_project_on_the_installed_wheel_runs_a_bound_job(
     cp, client = rack
     nodes = [n.name for n in cp.nodes()]
     domain = f"pretrain-{uuid.uuid4().hex[:5]}"
-    proj = platform_project(platform_venv.parent / "proj", platform_venv, cp.kubeconfig)
+    proj = installed.platform_project(platform_venv.parent / "proj", platform_venv, cp.kubeconfig, PROGRAM)
     proj.run("stack", "init", "dev")
     proj.run("config", "set", "domain", domain)
     proj.run("config", "set", "rack", rack_name(RACK))
@@ -198,7 +161,8 @@ def test_the_installed_wheel_has_the_preview_report_command(platform_venv: Path)
     recorded preview of the dev stack."""
     preview_file = installed.REPO / "tests" / "golden" / "report" / "replace.json"
     proc = subprocess.run([str(platform_venv / "bin" / "nvlfabric"), "preview-report", "--no-cluster"],
-                          input=preview_file.read_text(), cwd=platform_venv.parent, env=clean_env(platform_venv),
+                          input=preview_file.read_text(), cwd=platform_venv.parent,
+                          env=installed.clean_env(platform_venv),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| `default/eval` | +- replace | spec.imexMode | ? |" in proc.stdout, proc.stdout

@@ -16,8 +16,8 @@ from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import load_tools
 from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject
 from tests.conftest import Cluster
-from tests.packaging.test_installed_wheel import clean_env
 from tests.support import installed
+from tests.support.installed import clean_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
 

@@ -26,7 +26,7 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
-from tests.e2e.test_agents_on_sim import domain
+from tests.support.agents import domain_with_pods
 
 pytestmark = pytest.mark.cluster
 RACK = 140  # racks 140 (real) and 141 (hollow): addresses of their own
@@ -105,8 +105,8 @@ def test_a_hollow_node_looks_like_a_real_one_to_the_cluster(sim: tuple[ControlPl
 
     # A domain in each rack, a pod per node: reported by the real agents and by the hollow ones alike.
     a, b = f"r-{uuid.uuid4().hex[:5]}", f"h-{uuid.uuid4().hex[:5]}"
-    domain(client, a, [n.name for n in real])
-    domain(client, b, [n.name for n in hollow])
+    domain_with_pods(client, a, [n.name for n in real])
+    domain_with_pods(client, b, [n.name for n in hollow])
     try:
         statuses: dict[str, dict[str, Any]] = {}
         for cd in (a, b):

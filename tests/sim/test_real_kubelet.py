@@ -31,7 +31,7 @@ from nvlfabric.sim import faults, realnode
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
-from tests.e2e.test_agents_on_sim import _gone, domain
+from tests.support.agents import domain_with_pods, pod_gone
 
 pytestmark = pytest.mark.cluster
 RACK = 241
@@ -102,7 +102,7 @@ def test_a_domain_over_a_real_kubelet_node_and_a_simulated_one(sim: tuple[Contro
     eventually("the agent on the real-kubelet node to be Ready (its probes, run by the real kubelet)",
                lambda: _ready(_agent(client, real.name)), timeout=120)
     name = f"mix-{uuid.uuid4().hex[:5]}"
-    domain(client, name, names)
+    domain_with_pods(client, name, names)
     try:
         for i in range(2):
             eventually(f"pod {name}-{i} to run", lambda i=i: (
@@ -162,7 +162,7 @@ def test_a_domain_over_a_real_kubelet_node_and_a_simulated_one(sim: tuple[Contro
             with contextlib.suppress(ApiError):
                 client.delete(Pod, f"{name}-{i}", namespace="default")
     for i in range(2):
-        eventually("the pods to be removed after unprepare", lambda i=i: _gone(client, f"{name}-{i}"), timeout=120)
+        eventually("the pods to be removed after unprepare", lambda i=i: pod_gone(client, f"{name}-{i}"), timeout=120)
     for node in (simulated, real):
         assert not list((node.dir / "cdi" / "run").glob("k8s.channel.nvlfabric.io-claim_*")), node.name
     claim = client.get(ResourceClaim, f"{name}-channel", namespace="default")

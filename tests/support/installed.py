@@ -13,8 +13,13 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
+
+from nvlfabric.sim.environment import simulator_env
+from nvlfabric.sim.paths import load_tools
+from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = REPO / "build" / "dist"
@@ -83,3 +88,36 @@ def commit_setting(version: str) -> str | None:
                               "nvlfabric/api/release.py"], check=True, capture_output=True, text=True,
                              timeout=60).stdout.split()
     return commits[-1] if commits else None
+
+
+def clean_env(venv: Path) -> dict[str, str]:
+    """The environment without anything that points Python at the checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    checkout_venv = REPO / ".venv"
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and not Path(p).is_relative_to(checkout_venv)]
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
+    return env
+
+
+def platform_project(workdir: Path, venv: Path, kubeconfig: Path, program: str) -> PulumiProject:
+    """The platform repo's Pulumi project (`program`), in the offline environment of
+    nvlfabric/testbed/pulumi_cli.py (`simulator_env` + OFFLINE), with only the platform venv's Python on PATH."""
+    workdir.mkdir()
+    (workdir / "Pulumi.yaml").write_text(textwrap.dedent(f"""\
+        name: platform
+        runtime:
+          name: python
+          options:
+            virtualenv: {venv}
+        """))
+    (workdir / "__main__.py").write_text(program)
+    backend = workdir / ".backend"
+    backend.mkdir()
+    tools = load_tools()
+    env = clean_env(venv)
+    path = env["PATH"]
+    env.update(simulator_env(tools=tools, kubeconfig=kubeconfig, backend_dir=backend))
+    env.update(OFFLINE)
+    # simulator_env puts this interpreter's bin (the checkout's .venv) on PATH: not here.
+    env["PATH"] = os.pathsep.join([str(tools.bin_dir), path])
+    return PulumiProject(workdir=workdir, env=env)

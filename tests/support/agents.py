@@ -1,0 +1,60 @@
+"""Helpers of the end-to-end tests that run nvlfabric's agents on the simulator: a domain with a
+pod per node (as the provider creates them), what the simulated runtime applied to a container,
+the IMEX daemon a node's keeper runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod
+
+from nvlfabric.api import computedomain as api
+from nvlfabric.api.names import DRIVER
+from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.nodeagent import imex
+from nvlfabric.provider.computedomain import channel_claim
+from nvlfabric.sim.nodes import SimNode
+
+
+def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None) -> str:
+    """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node;
+    returns the domain's UID."""
+    spec = spec or {}
+    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
+    # The driver's admission policy admits a channel claim only as its domain's own (owned, configured).
+    client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid,
+                                                 api.ComputeDomainSpec.model_validate(spec))))
+    for i, node in enumerate(nodes):
+        client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
+            nodeSelector={"kubernetes.io/hostname": node},
+            resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
+            containers=[Container(name="worker", image="registry.invalid/train:1",
+                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+    return str(cd.metadata.uid)
+
+
+def edits(state: Path, node: str, pod: str, container: str = "worker", namespace: str = "default") -> dict[str, object]:
+    """The CDI edits the simulated runtime applied to a container of pod `namespace`/`pod`."""
+    return json.loads((state / "nodes" / node / "containers" / f"{namespace}_{pod}_{container}.json").read_text())
+
+
+def imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
+    """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
+    by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
+    work = f"plugins/{DRIVER}/imex/clique-{clique}"
+    pids = [p for p in imex.daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
+    return pids, (node.kubelet_root / work / "nodes.cfg").read_text()
+
+
+def pod_gone(client: Client, pod: str) -> bool:
+    """Whether pod `default`/`pod` is deleted (404)."""
+    try:
+        client.get(Pod, pod, namespace="default")
+    except ApiError as exc:
+        return exc.status.code == 404
+    return False
