@@ -49,7 +49,7 @@ class Settings:
     retry_interval_s: float
     """Leader election (nvlfabric/controller/leader.py); renew < deadline < duration."""
     health_port: int
-    """/healthz, /readyz and /metrics (nvlfabric/controller/health.py); 0: not served."""
+    """/healthz, /readyz and /metrics (nvlfabric/controller/endpoint.py); 0: not served."""
     listen_address: str
 
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     process.setup_logging(cfg.log_format)
     stop = process.stop_on_signals()
     # Imported after the settings are checked: lightkube and the models take a while to load.
-    from nvlfabric.controller import health, leader
+    from nvlfabric.controller import endpoint, leader
     from nvlfabric.controller.reconcile import Controller
     from nvlfabric.kube import client as kube_client
 
@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     elector = leader.Elector(client, name=cfg.lease_name, namespace=cfg.lease_namespace, identity=cfg.identity,
                              timings=leader.Timings(cfg.lease_duration_s, cfg.renew_interval_s, cfg.renew_deadline_s,
                                                     cfg.retry_interval_s))
-    state = health.Health(stale_s=2 * cfg.lease_duration_s, leading=lambda: elector.leading,
+    state = endpoint.Health(stale_s=2 * cfg.lease_duration_s, leading=lambda: elector.leading,
                           last_read=lambda: elector.last_read)
     try:
-        health.serve(cfg.health_port, cfg.listen_address, state)
+        endpoint.serve(cfg.health_port, cfg.listen_address, state)
     except OSError as exc:  # no probes answer then: the kubelet's liveness probe restarts us
         log.error("cannot serve /healthz, /readyz and /metrics on %s:%d: %s", cfg.listen_address or "*",
                   cfg.health_port, exc)

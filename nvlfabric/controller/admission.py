@@ -42,21 +42,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lightkube import Client
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.types import PatchType
 
 from nvlfabric.api import errors
 from nvlfabric.api.names import CLIQUE_LABEL, KUEUE_API_VERSION, PLACEMENT_CHECK_CONTROLLER
 from nvlfabric.controller import placement
-from nvlfabric.controller.informer import Informer
-from nvlfabric.controller.reservations import NO_ROOM_EVENT_S, Reserver, event
+from nvlfabric.controller.cache import AdmissionCheck, KueueInformers, Workload
+from nvlfabric.controller.events import event
+from nvlfabric.controller.reservations import NO_ROOM_EVENT_S, Reserver
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.admission")
 
-_GROUP, _VERSION = KUEUE_API_VERSION.split("/")
-Workload = create_namespaced_resource(_GROUP, _VERSION, "Workload", "workloads")
-AdmissionCheck = create_global_resource(_GROUP, _VERSION, "AdmissionCheck", "admissionchecks")
 POLL_S = 1.0
 """Passes are at least this far apart (a burst of changes is one pass)."""
 WAKE_S = 10.0
@@ -144,19 +141,6 @@ def check_patch(workload: Mapping[str, Any], check: str, verdict: Verdict, now: 
             "status": {"admissionChecks": [state]}}
 
 
-def _raw(obj: Any) -> dict[str, Any]:
-    """A generic resource as the API's dict."""
-    return dict(obj.to_dict())
-
-
-def kueue_record(obj: Any) -> dict[str, Any]:
-    """A Workload or AdmissionCheck as the passes read it: its dict without managedFields (the
-    bulk of a status-written object, read by nobody here)."""
-    raw = _raw(obj)
-    (raw.get("metadata") or {}).pop("managedFields", None)
-    return raw
-
-
 def retry_after_s(failures: int) -> float:
     """How long a workload that could not be placed `failures` times in a row waits before it is
     placed again, unless room is freed first: 1, 2, 4 ... RETRY_MAX_S."""
@@ -188,12 +172,9 @@ class Admitter:
 
     def __init__(self, client: Client, reserver: Reserver) -> None:
         self.client, self.reserver = client, reserver
-        self.workloads: Informer[dict[str, Any]] = Informer(client, Workload, slim=kueue_record,
-                                                             name="Workload")
-        self.checks: Informer[dict[str, Any]] = Informer(client, AdmissionCheck, namespaced=False,
-                                                         slim=kueue_record, name="AdmissionCheck")
+        self.kueue = KueueInformers.of(client)
         self._wake = threading.Event()
-        for inf in (self.workloads, self.checks):
+        for inf in self.kueue.all():
             inf.listen(lambda kind, key, old, new: self._wake.set())
         for room in (reserver.cache.bound_pods, reserver.cache.claims):
             room.listen(self._room_changed)
@@ -212,7 +193,7 @@ class Admitter:
     def _checks(self) -> set[str]:
         """The AdmissionChecks this controller answers (marking each Active)."""
         names = set()
-        for raw in self.checks.fresh().values():
+        for raw in self.kueue.checks.fresh().values():
             if (raw.get("spec") or {}).get("controllerName") != PLACEMENT_CHECK_CONTROLLER:
                 continue
             name = raw["metadata"]["name"]
@@ -233,7 +214,7 @@ class Admitter:
         checks = self._checks()
         if not checks:
             return WAKE_S
-        workloads = list(self.workloads.fresh().values())
+        workloads = list(self.kueue.workloads.fresh().values())
         present = {(str(w["metadata"].get("namespace")), str(w["metadata"].get("name"))) for w in workloads}
         for gone in (self._said.keys() | self._told.keys() | self._waiting.keys()) - present:
             self._said.pop(gone, None)
@@ -304,7 +285,7 @@ class Admitter:
             break
         else:
             return
-        for inf in (self.workloads, self.checks):
+        for inf in self.kueue.all():
             inf.start(stop)
         while not stop():
             wait = WAKE_S

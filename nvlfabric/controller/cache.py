@@ -1,4 +1,5 @@
-"""What the controller's passes read: the informers (informer.py) and the records they keep.
+"""What the controller's passes read: the informers (informer.py) and the records they keep; the
+Admitter's informers of Kueue's objects beside them.
 
 Each record is what the readers need of an object, parsed once per change of it: an agent's Node
 (clique, fabric health, its reports per ComputeDomain, what placement reads), a ComputeDomain
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import Client, operators
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -135,5 +136,36 @@ class Informers:
 
     def all(self) -> list[Informer[Any]]:
         return [self.nodes, self.domains, self.claims, self.slices, self.bound_pods]
+
+
+_KUEUE_GROUP, _KUEUE_VERSION = names.KUEUE_API_VERSION.split("/")
+Workload = create_namespaced_resource(_KUEUE_GROUP, _KUEUE_VERSION, "Workload", "workloads")
+AdmissionCheck = create_global_resource(_KUEUE_GROUP, _KUEUE_VERSION, "AdmissionCheck", "admissionchecks")
+
+
+def kueue_record(obj: Any) -> dict[str, Any]:
+    """A Workload or AdmissionCheck as the passes read it: its dict without managedFields (the
+    bulk of a status-written object, read by nobody here)."""
+    raw = dict(obj.to_dict())
+    (raw.get("metadata") or {}).pop("managedFields", None)
+    return raw
+
+
+@dataclass
+class KueueInformers:
+    """What the Admitter (admission.py) reads: Kueue's Workloads and AdmissionChecks. Apart from
+    `Informers` because they start only once Kueue's API is served, which may be never."""
+
+    workloads: Informer[dict[str, Any]]
+    checks: Informer[dict[str, Any]]
+
+    @classmethod
+    def of(cls, client: Client) -> KueueInformers:
+        return cls(workloads=Informer(client, Workload, slim=kueue_record, name="Workload"),
+                   checks=Informer(client, AdmissionCheck, namespaced=False, slim=kueue_record,
+                                   name="AdmissionCheck"))
+
+    def all(self) -> list[Informer[Any]]:
+        return [self.workloads, self.checks]
 
 

@@ -174,7 +174,8 @@ def _authority(data: Mapping[str, str], prefix: str) -> Authority:
     return Authority(cert_pem, key, x509.load_pem_x509_certificate(cert_pem.encode()))
 
 
-def _authorities_of(secret: Secret) -> Authorities:
+def authorities_of(secret: Secret) -> Authorities:
+    """The domain's authorities as its Secret stores them (the current one, the next during a rotation)."""
     data = secret.data or {}
     annotations = (secret.metadata.annotations if secret.metadata else None) or {}
     return Authorities(_authority(data, "tls"), _authority(data, "next") if "next.crt" in data else None,
@@ -339,7 +340,7 @@ class Issuer:
         secret_name = f"{names.IMEX_CA_SECRET_PREFIX}{uid}"
         try:
             with api_call(f"read Secret {names.NAMESPACE}/{secret_name}"):
-                auth = _authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
+                auth = authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
         except errors.NotFound:
             auth = Authorities(new_authority(namespace, name, uid), handled=requested)
             data = {k: v for k, v in secret_data(auth).items() if v is not None}
@@ -357,7 +358,7 @@ class Issuer:
                          names.NAMESPACE, secret_name)
             except errors.AlreadyExists:  # another replica won the race: use what it stored
                 with api_call(f"read Secret {names.NAMESPACE}/{secret_name}"):
-                    auth = _authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
+                    auth = authorities_of(self.client.get(Secret, secret_name, namespace=names.NAMESPACE))
         self._authorities[uid] = auth
         self._known_secrets().add(uid)
         return auth

@@ -1,13 +1,11 @@
 """A list-then-watch cache of one kind of object: what the controller's passes read instead of the
 API server.
 
-Why: the passes used to read the cluster each time (every 2 s and soon after every change):
-a list of every agent's Node, a list of each clique's pool slices, a GET of every domain's claims,
-and for each placement a list of every Node and every bound pod. Each pass cost O(nodes + domains)
-requests and parsing, and passes came O(changes) times, so the controller's CPU and requests
-grew with the square of the fleet (bench/scale.py: 4.4x per doubling of racks, 17 CPU-s and 2,720
-requests for 32 racks). With one list and one watch per kind, a pass is a walk over memory and the
-API server sees O(changes) events, as client-go's informers do it.
+Why: a pass that reads the cluster each time (every agent's Node, each clique's pool slices, every
+domain's claims, every bound pod for a placement) costs O(nodes + domains) requests, and passes
+come O(changes) times, so the controller's cost grows with the square of the fleet. With one list
+and one watch per kind, a pass is a walk over memory and the API server sees O(changes) events, as
+client-go's informers do it (docs/architecture.md, Scale).
 
 An `Informer` keeps `slim(obj)` of each object by key (what the readers need, parsed once per
 change), tells its listeners of every change (kind, key, old, new), and is level-based like the
@@ -26,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from lightkube import Client
 
-from nvlfabric.controller import health
+from nvlfabric.controller import endpoint
 
 log = logging.getLogger("nvlfabric.controller")
 
@@ -116,7 +114,7 @@ class Informer(Generic[T]):
         """List, then watch from the list's resourceVersion, until `stop()`. A watch that ends at
         its server timeout is watched again from the last version it showed; after a failure (a
         410 Gone among them) the cache is listed again, backing off as every watch of the
-        controller does (counted and logged: health.watch_failed)."""
+        controller does (counted and logged: endpoint.watch_failed)."""
         failures, rv = 0, None
         while not stop():
             try:
@@ -135,7 +133,7 @@ class Informer(Generic[T]):
             except Exception as exc:  # a failed list or watch is listed again, never fatal
                 self.watching, rv = False, None
                 failures += 1
-                time.sleep(health.watch_failed(self.name, exc, failures, log))
+                time.sleep(endpoint.watch_failed(self.name, exc, failures, log))
         self.watching = False
 
     def start(self, stop: Callable[[], bool]) -> threading.Thread:

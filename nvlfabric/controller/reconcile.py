@@ -45,7 +45,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import feasibility, imexauth, pools, reservations
+from nvlfabric.controller import events, feasibility, imexauth, pools
 from nvlfabric.controller.admission import Admitter
 from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
     AgentNode,
@@ -123,43 +123,75 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
     phase, reason and message while the domain has no channel and cannot get one now
     (nvlfabric/controller/feasibility.py)."""
     nodes = status.nodes
-    ready = [n for n in nodes if n.ready]
-    previous = status.phase
     dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
     sick = [(n.name, (unhealthy or {})[n.name]) for n in nodes if n.name in (unhealthy or {})]
     placed = sum(1 for _, a in groups if a is not None) if groups is not None else None
+    phase, reason, message = _phase(spec, status, allocation, port_slot=port_slot, sick=sick, groups=groups,
+                                    placed=placed, blocked=blocked)
+    out: dict[str, Any] = {
+        "phase": phase.value, "readyNodes": sum(1 for n in nodes if n.ready), "totalNodes": len(nodes),
+        "observedGeneration": generation,
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in
+                       _conditions(status, phase, reason, message, sick, generation=generation, now=now)],
+    }
+    if sick:
+        out["unhealthyNodes"] = [name for name, _ in sick]
+    if groups is not None:
+        out["groups"], out["placedCliques"] = group_status(groups, nodes), placed
+    elif allocation is not None:
+        out["clique"], out["channel"] = allocation
+        out["placedCliques"] = 1
+    if dedicated and port_slot is not None:
+        out["imexPortSlot"] = port_slot
+    return out
+
+
+def _phase(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, allocation: tuple[str, int] | None, *,
+           port_slot: int | None, sick: Sequence[tuple[str, str]],
+           groups: Sequence[tuple[str, tuple[str, int] | None]] | None, placed: int | None,
+           blocked: tuple[api.Phase, str, str] | None) -> tuple[api.Phase, str, str]:
+    """The domain's phase, with the reason and message of its Ready condition (see summarize)."""
+    nodes = status.nodes
+    ready = [n for n in nodes if n.ready]
     unplaced = allocation is None if groups is None else placed != len(groups)
     if blocked is not None and unplaced:
-        phase, reason, message = blocked
-    elif groups is not None and placed != len(groups):
-        phase, reason = api.Phase.PENDING, "GroupsNotPlaced"
-        message = (f"{placed} of {len(groups)} clique groups have a channel; the controller places all of them at "
-                   "once where each fits (see the claims' NoCliqueRoom events)")
-    elif groups is None and allocation is None:
-        phase, reason, message = api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
-    elif dedicated and port_slot is None and allocation is not None:
-        phase, reason = api.Phase.FAILED, "NoIMEXPortSlot"
-        message = (f"every IMEX port slot (1-{names.MAX_IMEX_PORT_SLOT}) of clique {allocation[0]} is held by another "
-                   "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
-    elif nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
-        phase, reason, message = api.Phase.READY, "AllMembersReady", f"{len(ready)} of {len(nodes)} nodes ready"
+        return blocked
+    if groups is not None and placed != len(groups):
+        return api.Phase.PENDING, "GroupsNotPlaced", (
+            f"{placed} of {len(groups)} clique groups have a channel; the controller places all of them at "
+            "once where each fits (see the claims' NoCliqueRoom events)")
+    if groups is None and allocation is None:
+        return api.Phase.PENDING, "NoChannel", "waiting for a member pod to be scheduled"
+    if spec.imex_mode is api.IMEXMode.DEDICATED and port_slot is None and allocation is not None:
+        return api.Phase.FAILED, "NoIMEXPortSlot", (
+            f"every IMEX port slot (1-{names.MAX_IMEX_PORT_SLOT}) of clique {allocation[0]} is held by another "
+            "dedicated ComputeDomain; delete one, or use imexMode CliqueScoped")
+    if nodes and len(ready) == len(nodes) and (spec.num_nodes is None or len(ready) >= spec.num_nodes):
+        message = f"{len(ready)} of {len(nodes)} nodes ready"
         if sick:  # members run, slower or cut off: Degraded, so that it is seen; the pods are not touched
-            phase, reason = api.Phase.DEGRADED, "FabricUnhealthy"
-            message += f"; node {sick[0][0]}: NVLink fabric unhealthy: {sick[0][1]}"
-    else:
-        want = f" (numNodes {spec.num_nodes})" if spec.num_nodes else ""
-        first = next((n for n in nodes if not n.ready), None)
-        detail = f"; node {first.name}: {first.message or 'not ready'}" if first else ""
-        message = f"{len(ready)} of {len(nodes)} nodes ready{want}{detail}"
-        was_ready = previous in (api.Phase.READY, api.Phase.DEGRADED)
-        phase = api.Phase.DEGRADED if was_ready else api.Phase.ALLOCATING
-        reason = "MemberNotReady" if was_ready else "MembersJoining"
-        if was_ready and not nodes:
-            # Every member left, and the domain holds its channels (reservations.py): a workload
-            # that finished, or one recreating its pods (a JobSet restart), which come back here.
-            reason = "NoMembers"
-            message = ("no member pod runs; the domain keeps its clique and channel for the next ones (its "
-                       "workload finished, or is recreating its pods)")
+            return api.Phase.DEGRADED, "FabricUnhealthy", (
+                f"{message}; node {sick[0][0]}: NVLink fabric unhealthy: {sick[0][1]}")
+        return api.Phase.READY, "AllMembersReady", message
+    was_ready = status.phase in (api.Phase.READY, api.Phase.DEGRADED)
+    if was_ready and not nodes:
+        # Every member left, and the domain holds its channels (reservations.py): a workload
+        # that finished, or one recreating its pods (a JobSet restart), which come back here.
+        return api.Phase.DEGRADED, "NoMembers", (
+            "no member pod runs; the domain keeps its clique and channel for the next ones (its "
+            "workload finished, or is recreating its pods)")
+    want = f" (numNodes {spec.num_nodes})" if spec.num_nodes else ""
+    first = next((n for n in nodes if not n.ready), None)
+    detail = f"; node {first.name}: {first.message or 'not ready'}" if first else ""
+    message = f"{len(ready)} of {len(nodes)} nodes ready{want}{detail}"
+    if was_ready:
+        return api.Phase.DEGRADED, "MemberNotReady", message
+    return api.Phase.ALLOCATING, "MembersJoining", message
+
+
+def _conditions(status: api.ComputeDomainStatus, phase: api.Phase, reason: str, message: str,
+                sick: Sequence[tuple[str, str]], *, generation: int, now: Any) -> tuple[api.Condition, api.Condition]:
+    """Ready and FabricHealthy, each keeping its transition time while its status (and for Ready,
+    its reason) stays."""
     cond = api.condition("Ready", api.ConditionStatus.TRUE if phase == api.Phase.READY else api.ConditionStatus.FALSE,
                          reason, message, generation=generation, now=now)
     old = next((c for c in status.conditions if c.type == "Ready"), None)
@@ -173,20 +205,7 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
     old_fabric = next((c for c in status.conditions if c.type == api.ConditionType.FABRIC_HEALTHY), None)
     if old_fabric is not None and old_fabric.status == fabric.status:
         fabric = fabric.model_copy(update={"last_transition_time": old_fabric.last_transition_time})
-    out: dict[str, Any] = {
-        "phase": phase.value, "readyNodes": len(ready), "totalNodes": len(nodes), "observedGeneration": generation,
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in (cond, fabric)],
-    }
-    if sick:
-        out["unhealthyNodes"] = [name for name, _ in sick]
-    if groups is not None:
-        out["groups"], out["placedCliques"] = group_status(groups, nodes), placed
-    elif allocation is not None:
-        out["clique"], out["channel"] = allocation
-        out["placedCliques"] = 1
-    if dedicated and port_slot is not None:
-        out["imexPortSlot"] = port_slot
-    return out
+    return cond, fabric
 
 
 def _key(cd: api.ComputeDomain) -> str:
@@ -381,7 +400,7 @@ class Controller:
         auth, step = self.issuer.rotate(namespace, name, uid, requested, members)
         if step is not None:
             waits = imexauth.rotation_waits_for(auth, members)
-            reservations.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid,
+            events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid,
                                ROTATION_EVENTS[step][0], ROTATION_EVENTS[step][1] + (
                                    f"; waiting for {len(waits)} member(s): {', '.join(waits[:8])}"
                                    f"{' ...' if len(waits) > 8 else ''}" if waits else ""), type_="Normal")

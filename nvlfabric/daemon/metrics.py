@@ -1,7 +1,7 @@
 """Prometheus text exposition (format 0.0.4) and a tiny HTTP endpoint, for our long-running processes.
 
 Shared by the node agent (`nvlfabric.nodeagent.metrics`) and the controller
-(`nvlfabric.controller.health`), each with a `Registry` of its own. Names follow Prometheus
+(`nvlfabric.controller.endpoint`), each with a `Registry` of its own. Names follow Prometheus
 conventions: a unit suffix, `_total` for counters.
 
 Why not prometheus_client: the agent has six metrics and a 60 MB budget, and the library (with

@@ -19,6 +19,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import cast
 
 from nvlfabric.api import errors, names
@@ -76,16 +77,8 @@ def tune_malloc() -> None:
 def run_agent(args: Settings, stop: threading.Event) -> int:
     tune_malloc()
     log.info("nvlfabric %s: node agent of node %s", __version__, args.node_name)  # which release runs here
-    client = client_from(args, f"nvlfabric-agent-{args.node_name}")
-    try:
-        boot_id = checkpoint.read_boot_id(args.boot_id)
-    except checkpoint.BootIdError:
-        boot_id = ""  # the driver reports it; GPUs lost before a restart of the agent go unnoticed
-    nvml = discovery.Session(args.driver_root)  # open for the agent's life: see Session
-    monitor = fabrichealth.Monitor(client, args.node_name, reader=lambda: fabrichealth.read(nvml),
-                                   known=fabrichealth.KnownGpus(args.kubelet_root / "plugins" / DRIVER / "gpus.json",
-                                                                boot_id),
-                                   relabel=lambda fresh: label_node(client, args.node_name, fresh))
+    client = client_from(args, f"{names.AGENT_FIELD_MANAGER_PREFIX}{args.node_name}")
+    monitor = _fabric_monitor(args, client)
     found = monitor.check()
     if monitor.verdict.reason == fabrichealth.NVML_ERROR:
         log.error("%s; check --driver-root (%s) and that the NVIDIA driver is loaded", found.reason, args.driver_root)
@@ -94,20 +87,47 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
                   driver_root=args.driver_root, proc_devices=args.proc_devices, boot_id=args.boot_id)
     driver = ChannelDriver(client=client, node=NodeIdentity(args.node_name, args.node_ip, found.clique), paths=paths,
                            imex_modes=args.imex_modes, imex_keeper=args.imex_keeper_socket)
-    sockets = SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER)
     current = {"found": found}
+    server = PluginServer(paths=SocketPaths(kubelet_root=args.kubelet_root, driver=DRIVER), driver=driver,
+                          health=device_health(driver, monitor, lambda: current["found"]),
+                          health_port=args.health_port, listen_address=args.listen_address)
+    server.start()
+    # Bring back the IMEX domains that prepared claims need now, not at the first resync.
+    driver.housekeeping(clique=found.clique)
+    metrics.serve(args.metrics_port, args.listen_address)
+    monitor.start(stop)
+    try:
+        return _resync_loop(args, stop, client, monitor, driver, server, current)
+    finally:
+        server.stop()
+        driver.stop()
 
-    health_cache: dict[str, object] = {}
 
-    def device_health() -> list[DeviceHealth]:
-        """Prepared channels are as healthy as this node's fabric: a channel is useless without it.
+def _fabric_monitor(args: Settings, client: kubeapi.Client) -> fabrichealth.Monitor:
+    """The NVLink fabric's watcher, over an NVML session open for the agent's life (see Session)."""
+    try:
+        boot_id = checkpoint.read_boot_id(args.boot_id)
+    except checkpoint.BootIdError:
+        boot_id = ""  # the driver reports it; GPUs lost before a restart of the agent go unnoticed
+    nvml = discovery.Session(args.driver_root)
+    return fabrichealth.Monitor(client, args.node_name, reader=lambda: fabrichealth.read(nvml),
+                                known=fabrichealth.KnownGpus(args.kubelet_root / "plugins" / DRIVER / "gpus.json",
+                                                             boot_id),
+                                relabel=lambda fresh: label_node(client, args.node_name, fresh))
 
-        Called every second per open health stream; rebuilt only when the checkpoint, the fabric
-        or its verdict changed (all are replaced, never modified, so identity says whether they changed)."""
-        node, state, verdict = current["found"], driver.state, monitor.verdict
-        if health_cache.get("node") is node and health_cache.get("state") is state and \
-                health_cache.get("verdict") is verdict:
-            return cast(list[DeviceHealth], health_cache["value"])
+
+def device_health(driver: ChannelDriver, monitor: fabrichealth.Monitor,
+                  found: Callable[[], discovery.NodeDiscovery]) -> Callable[[], list[DeviceHealth]]:
+    """The health stream's source: prepared channels are as healthy as this node's fabric (a
+    channel is useless without it). Called every second per open stream, so the answer is rebuilt
+    only when the checkpoint, the fabric or its verdict changed (all are replaced, never modified,
+    so identity says whether they changed)."""
+    cache: dict[str, object] = {}
+
+    def health() -> list[DeviceHealth]:
+        node, state, verdict = found(), driver.state, monitor.verdict
+        if cache.get("node") is node and cache.get("state") is state and cache.get("verdict") is verdict:
+            return cast(list[DeviceHealth], cache["value"])
         healthy, message = verdict.healthy, "" if verdict.healthy else verdict.message
         out: list[DeviceHealth] = []
         for e in state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED):
@@ -117,51 +137,47 @@ def run_agent(args: Settings, stop: threading.Event) -> int:
             else:  # entries from before the device was recorded (allocation mode Single)
                 out.extend(DeviceHealth(names.pool_name(node.clique or ""), names.channel_device(ch), healthy, message)
                            for ch in e.allocation.channels)
-        health_cache.update(node=node, state=state, verdict=verdict, value=out)
+        cache.update(node=node, state=state, verdict=verdict, value=out)
         return out
 
-    server = PluginServer(paths=sockets, driver=driver, health=device_health, health_port=args.health_port,
-                          listen_address=args.listen_address)
-    server.start()
-    # Bring back the IMEX domains that prepared claims need now, not at the first resync.
-    driver.housekeeping(clique=found.clique)
-    metrics.serve(args.metrics_port, args.listen_address)
-    monitor.start(stop)
+    return health
+
+
+def _resync_loop(args: Settings, stop: threading.Event, client: kubeapi.Client, monitor: fabrichealth.Monitor,
+                 driver: ChannelDriver, server: PluginServer, current: dict[str, discovery.NodeDiscovery]) -> int:
+    """Until `stop`: dedicated domains' upkeep every DEDICATED_SYNC_S, a resync every --resync-s;
+    1 when the kubelet never registered the plugin (so that the pod is restarted)."""
     next_resync = time.monotonic() + args.resync_s
     register_by = time.monotonic() + args.registration_timeout_s if args.registration_timeout_s else None
-    try:
-        # Wake every DEDICATED_SYNC_S: dedicated IMEX domains' membership changes as members join,
-        # and a status report that failed is owed (a prepare cannot wait for the next resync to
-        # tell its domain; sync_dedicated costs nothing when neither is the case). A failed pass is
-        # logged and retried at the next one: the API server being briefly away must not stop the
-        # agent.
-        while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S, max(0.0, next_resync - time.monotonic()))):
-            if register_by is not None and not server.registration.registered.is_set():
-                if time.monotonic() >= register_by:
-                    log.error("the kubelet has not registered this plugin %gs after its socket %s appeared: no "
-                              "kubelet watches that directory; check --kubelet-root / $KUBELET_ROOT (%s): it must be "
-                              "the kubelet's --root-dir (NvlfabricDriver kubelet_root). Exiting, to be restarted",
-                              args.registration_timeout_s, sockets.registration, args.kubelet_root)
-                    stop.set()
-                    return 1
-            else:
-                register_by = None
-            try:
-                if time.monotonic() < next_resync:
-                    driver.sync_dedicated()
-                    continue
-                next_resync = time.monotonic() + args.resync_s
-                fresh = monitor.latest  # NVML's last reading (fabrichealth reads it every second)
-                if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
-                    label_node(client, args.node_name, fresh)
-                found = current["found"] = fresh
-                driver.housekeeping(clique=found.clique)
-                metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
-            except (errors.ApiStatusError, OSError) as exc:
-                log.error("resync failed, retrying at the next one: %s", exc)
-    finally:
-        server.stop()
-        driver.stop()
+    # Wake every DEDICATED_SYNC_S: dedicated IMEX domains' membership changes as members join,
+    # and a status report that failed is owed (a prepare cannot wait for the next resync to
+    # tell its domain; sync_dedicated costs nothing when neither is the case). A failed pass is
+    # logged and retried at the next one: the API server being briefly away must not stop the
+    # agent.
+    while not stop.wait(min(args.resync_s, DEDICATED_SYNC_S, max(0.0, next_resync - time.monotonic()))):
+        if register_by is not None and not server.registration.registered.is_set():
+            if time.monotonic() >= register_by:
+                log.error("the kubelet has not registered this plugin %gs after its socket %s appeared: no "
+                          "kubelet watches that directory; check --kubelet-root / $KUBELET_ROOT (%s): it must be "
+                          "the kubelet's --root-dir (NvlfabricDriver kubelet_root). Exiting, to be restarted",
+                          args.registration_timeout_s, server.paths.registration, args.kubelet_root)
+                stop.set()
+                return 1
+        else:
+            register_by = None
+        try:
+            if time.monotonic() < next_resync:
+                driver.sync_dedicated()
+                continue
+            next_resync = time.monotonic() + args.resync_s
+            found, fresh = current["found"], monitor.latest  # NVML's last reading (fabrichealth reads it every second)
+            if (fresh.clique, fresh.fabric_ready) != (found.clique, found.fabric_ready):
+                label_node(client, args.node_name, fresh)
+            current["found"] = fresh
+            driver.housekeeping(clique=fresh.clique)
+            metrics.PREPARED_CLAIMS.set(len(driver.state.by_state(checkpoint.ClaimState.PREPARE_COMPLETED)))
+        except (errors.ApiStatusError, OSError) as exc:
+            log.error("resync failed, retrying at the next one: %s", exc)
     return 0
 
 

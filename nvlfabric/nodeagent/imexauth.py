@@ -36,7 +36,7 @@ from typing import Any
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.nodeagent import files, imex, kubeapi
+from nvlfabric.nodeagent import files, imexconfig, kubeapi
 
 CSR_PATH = kubeapi.path("certificates.k8s.io/v1", "certificatesigningrequests")
 RENEW_AFTER = 2 / 3
@@ -56,7 +56,7 @@ class Files:
 
     @classmethod
     def of(cls, domain_dir: Path) -> Files:
-        return cls(domain_dir / imex.TLS_KEY, domain_dir / imex.TLS_CERT, domain_dir / imex.TLS_CA)
+        return cls(domain_dir / imexconfig.TLS_KEY, domain_dir / imexconfig.TLS_CERT, domain_dir / imexconfig.TLS_CA)
 
 
 def due(f: Files, bundle: str, *, now: float | None = None) -> str | None:

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from nvlfabric.api import names
 from nvlfabric.daemon import process
 from nvlfabric.daemon.process import SettingsError
-from nvlfabric.nodeagent import imex
+from nvlfabric.nodeagent import imex, imexconfig
 
 log = logging.getLogger("nvlfabric.imexkeeper")
 
@@ -146,6 +146,12 @@ def decode_request(line: bytes) -> Ensure | Stop | Status:
     return result
 
 
+def decode_reply(line: bytes) -> Reply:
+    """A reply line; ValueError naming what is wrong with it."""
+    reply: Reply = _decode(Reply, json.loads(line))
+    return reply
+
+
 def encode(message: Any) -> bytes:
     raw = dataclasses.asdict(message)
     if isinstance(message, Ensure) and not message.tls_target:
@@ -224,7 +230,7 @@ class Keeper:
             with contextlib.suppress(ValueError):
                 imex.ImexDomain(domain_id=domain_id, workdir=self.workdir, driver_root=self.driver_root,
                                 bind_address="127.0.0.1")._kill_stale()
-        if imex.is_domain_id(domain_id):
+        if imexconfig.is_domain_id(domain_id):
             shutil.rmtree(self.workdir / domain_id, ignore_errors=True)
 
     def _state(self, d: imex.ImexDomain) -> DomainState:
@@ -318,7 +324,7 @@ def call(path: Path, req: Ensure | Stop | Status, *, timeout: float = CALL_TIMEO
         raise KeeperUnavailable(f"the IMEX keeper at {path} does not answer ({exc.strerror or exc}); is the "
                                 "nvlfabric-imex DaemonSet's pod running on this node?") from exc
     try:
-        reply: Reply = _decode(Reply, json.loads(line))
+        reply = decode_reply(line)
     except ValueError as exc:
         raise KeeperUnavailable(f"the IMEX keeper at {path} answered {line[:200]!r}: not a reply") from exc
     if not reply.ok:

@@ -37,8 +37,7 @@ from nvlfabric.api.kubelet import (
     pluginregistration_pb2_grpc,
 )
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
-from nvlfabric.nodeagent import health as liveness
-from nvlfabric.nodeagent import metrics
+from nvlfabric.nodeagent import metrics, probes
 
 __all__ = ["ClaimRef", "DeviceHealth", "Driver", "PluginServer", "PreparedDevice", "SocketPaths"]
 
@@ -48,7 +47,6 @@ log = logging.getLogger("nvlfabric.nodeagent.server")
 # The health service is advertised only when the agent has a health source.
 DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_VERSION = "v1alpha1.DRAResourceHealth"
-SUPPORTED_VERSIONS = DRA_VERSIONS
 HEALTH_INTERVAL_S = 10.0  # a full list at least this often; the kubelet's default timeout is 30 s
 
 
@@ -243,7 +241,7 @@ class PluginServer:
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
         port, address = self._liveness
         if port > 0:  # first: a port in use fails the start before a socket appears
-            liveness.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint,
+            probes.add_to(server, registration=self.paths.registration, endpoint=self.paths.endpoint,
                             registered=self.registration.registered)
             _listen(server, f"{address or '[::]'}:{port}",
                     f"health service: cannot listen on {address or '*'}:{port}; choose another --health-port")

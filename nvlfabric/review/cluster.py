@@ -39,8 +39,8 @@ def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: 
                 names = racked.setdefault((node.metadata.labels or {})[RACK_LABEL], [])
                 if node.metadata.name not in names:
                     names.append(node.metadata.name)
-    # Every rack's nodes in one go (the listed Nodes not read again): at 64 racks, rack after rack
-    # took 5.8 s of the report.
+    # Every rack's nodes in one go (the listed Nodes not read again): rack after rack costs a read
+    # per rack, which grows with the fleet (docs/architecture.md, What the fleet runs taught us).
     everyone = sorted({n for nodes in racked.values() for n in nodes})
     seen = dict(zip(everyone, racks.observe(client, everyone, gpu_resource=gpu_resource, known=listed), strict=True))
     gpus = {}

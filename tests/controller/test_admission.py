@@ -13,7 +13,7 @@ from nvlfabric.api.names import CLIQUE_LABEL, KUEUE_QUEUE_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller import placement
 from nvlfabric.controller.admission import check_patch, groups_of, judge, pending_check
-from nvlfabric.controller.reservations import ADMITTED_HOLD_S, stale_admissions
+from nvlfabric.controller.reservationplan import ADMITTED_HOLD_S, stale_admissions
 
 TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "i"}]}}
 

@@ -8,8 +8,6 @@ import contextlib
 import datetime
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,11 +18,8 @@ from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingG
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import (
-    CELDeviceSelector,
     DeviceClaim,
-    DeviceClassSpec,
     DeviceRequest,
-    DeviceSelector,
     ExactDeviceRequest,
     ResourceClaimSpec,
 )
@@ -34,13 +29,12 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
-from nvlfabric.api.names import FABRIC_READY_LABEL, RESERVATION_GATE
-from nvlfabric.controller import pools, reservations
+from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.controller import pools, reservationplan
 from nvlfabric.controller.reconcile import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
-from nvlfabric.controller.reservations import (
+from nvlfabric.controller.reservationplan import (
     ClaimState,
     PendingPod,
-    Reserver,
     claim_state,
     hold_change,
     pending_pod,
@@ -49,9 +43,10 @@ from nvlfabric.controller.reservations import (
     reservation_patch,
     to_reserve,
 )
-from nvlfabric.provider.computedomain import channel_claim
-from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
+from nvlfabric.controller.reservations import Reserver
+from nvlfabric.sim.cluster import delete_nodes, eventually
 from tests.conftest import Cluster
+from tests.support.domains import provider_domain, remove_domain
 
 T0 = datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.UTC)
 
@@ -103,43 +98,6 @@ def channel_pod(name: str, claim: str, where: str, *, gated: bool = False) -> Po
         resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
         containers=[Container(name="w", image="registry.invalid/w:1",
                               resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
-
-
-def provider_domain(client: Client, name: str, spec: dict[str, Any] | None = None) -> str:
-    """A ComputeDomain and its channel claim as the provider makes them (the claim's opaque channel
-    config is what a strategic-merge patch of its status trips over); returns the claim's name."""
-    cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec or {}))
-    body = channel_claim(name, "default", cd.metadata.uid, api.ComputeDomainSpec.model_validate(spec or {}))
-    client.create(ResourceClaim.from_dict(body))
-    return str(body["metadata"]["name"])
-
-
-def remove_domain(client: Client, name: str, claim: str, pods: list[str]) -> None:
-    """Delete what a test made of a domain, whatever of it exists."""
-    for pod in pods:
-        with contextlib.suppress(ApiError):
-            client.delete(Pod, pod, namespace="default", grace_period=0)
-    with contextlib.suppress(ApiError):
-        client.delete(ComputeDomainResource, name, namespace="default")
-    with contextlib.suppress(ApiError):
-        client.delete(ResourceClaim, claim, namespace="default")
-
-
-@pytest.fixture
-def clique_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
-    cluster_uuid = uuid.uuid4()
-    run = cluster_uuid.hex[:5]
-    clique = f"{cluster_uuid}.32766"
-    names = [f"ctl-{run}-{i}" for i in range(2)]
-    install_crd(cluster.client)
-    make_ready_nodes(cluster.client, {n: {pools.CLIQUE_LABEL: clique, "ctl-test": run,
-                                          FABRIC_READY_LABEL: "true"} for n in names})
-    with contextlib.suppress(ApiError):
-        cluster.client.create(DeviceClass(metadata=ObjectMeta(name="imex-channel.nvlfabric.io"), spec=DeviceClassSpec(
-            selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{pools.DRIVER}"'))])))
-    yield clique, names
-    delete_nodes(cluster.client, names)
-    pools.withdraw(cluster.client, clique)
 
 
 @pytest.mark.cluster
@@ -390,12 +348,12 @@ def test_the_domains_hold_never_takes_a_place_a_pod_needs_and_goes_with_the_clai
     assert not (add and release)
     if claim.hold_at is not None:
         assert not add
-        assert release == (deleting or reserved + unreserved > reservations.MAX_RESERVED)
+        assert release == (deleting or reserved + unreserved > reservationplan.MAX_RESERVED)
     else:
         assert not release
         # added only to a claim in use, with every waiting pod reserved and a place left beside them
         assert add == (reserved > 0 and not deleting and adding == unreserved
-                       and reserved + adding < reservations.MAX_RESERVED)
+                       and reserved + adding < reservationplan.MAX_RESERVED)
 
 
 def test_a_claim_of_no_domain_or_of_a_pod_group_gets_no_hold() -> None:
@@ -591,7 +549,7 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
     reserver = Reserver(client, pools.DRIVER)
 
     def watch_shows_claim() -> None:
-        reserver._claim_event("MODIFIED", client.get(ResourceClaim, claim, namespace="default"))
+        reserver.claim_event("MODIFIED", client.get(ResourceClaim, claim, namespace="default"))
 
     def gates(name: str) -> list[str]:
         return [g.name for g in client.get(Pod, name, namespace="default").spec.schedulingGates or []]
@@ -601,7 +559,7 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
         eventually("the first pod to allocate the claim", lambda: (
             (st := client.get(ResourceClaim, claim, namespace="default").status) and st.reservedFor) or None)
         for name in gated:
-            reserver._pod_event("ADDED", client.create(channel_pod(name, claim, run, gated=True)))
+            reserver.pod_event("ADDED", client.create(channel_pod(name, claim, run, gated=True)))
         watch_shows_claim()
         reserver.pass_once()
         st = client.get(ResourceClaim, claim, namespace="default").status
@@ -616,12 +574,12 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
         # A watch that never shows the write (lost, re-listing) delays the gate by WATCH_SEEN_S only.
         late = f"seen-{run}-late"
         pod = client.create(channel_pod(late, claim, run, gated=True))
-        reserver._pod_event("ADDED", pod)
+        reserver.pod_event("ADDED", pod)
         reserver.pass_once()
         assert gates(late) == [RESERVATION_GATE]
         assert pod.metadata and pod.metadata.uid
-        reserver._unseen[("default", claim)][pod.metadata.uid] -= reservations.WATCH_SEEN_S
-        reserver._dirty.add(("default", claim))
+        reserver.watch_seen_s = 0.0  # as if WATCH_SEEN_S had passed since the write
+        reserver.pod_event("MODIFIED", pod)
         reserver.pass_once()
         assert gates(late) == [], "an unseen reservation held the gate past WATCH_SEEN_S"
     finally:

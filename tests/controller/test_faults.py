@@ -49,7 +49,7 @@ from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.paths import REPO
 from tests.conftest import Cluster
-from tests.controller.test_leader import _free_port, get
+from tests.support.http import free_port, get
 
 pytestmark = pytest.mark.cluster
 
@@ -65,7 +65,7 @@ def controllers(kubeconfig: Path, logs: Path, lease: str, who: list[str]) -> Ite
     stopped afterwards and their logs' tails printed (pytest shows them when a test failed)."""
     procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     for w in who:
-        port = _free_port()
+        port = free_port()
         with open(logs / f"{w}.log", "wb") as out:  # the child keeps its own descriptor
             procs[w] = (subprocess.Popen(
                 [sys.executable, "-m", "nvlfabric", "controller", "--kubeconfig", str(kubeconfig),

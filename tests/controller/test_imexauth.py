@@ -9,40 +9,17 @@ import datetime
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from lightkube.resources.certificates_v1 import CertificateSigningRequest
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.controller import imexauth
-
-UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
-DOMAIN = imexauth.TlsDomain("team-a", "train", UID, frozenset({"node-1", "node-2"}))
-
-
-def _request(cn: str = names.imex_node_subject("node-1"), dns: tuple[str, ...] = (names.imex_target(UID),),
-             key: object = None) -> str:
-    key = key or ec.generate_private_key(ec.SECP256R1())
-    builder = x509.CertificateSigningRequestBuilder().subject_name(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-    if dns:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns]), critical=False)
-    return base64.b64encode(builder.sign(key, hashes.SHA256()).public_bytes(  # type: ignore[arg-type]
-        serialization.Encoding.PEM)).decode()
-
-
-def _csr(request: str | None = None, *, user: str = names.AGENT_USERNAME, node: str | None = "node-1",
-         usages: tuple[str, ...] = ("digital signature", "server auth", "client auth")) -> CertificateSigningRequest:
-    return CertificateSigningRequest.from_dict({
-        "metadata": {"name": "r"},
-        "spec": {"signerName": names.IMEX_SIGNER, "request": request or _request(), "usages": list(usages),
-                 "username": user, "extra": {names.NODE_NAME_EXTRA: [node]} if node else {}}})
+from tests.support.csr import DOMAIN, UID, csr, request_pem
 
 
 def test_a_members_request_is_signed_with_the_domains_authority() -> None:
-    domain, node, req = imexauth.check_request(_csr(), {UID: DOMAIN})
+    domain, node, req = imexauth.check_request(csr(), {UID: DOMAIN})
     assert (domain, node) == (DOMAIN, "node-1")
     authority = imexauth.new_authority("team-a", "train", UID)
     now = datetime.datetime.now(datetime.UTC)
@@ -61,28 +38,28 @@ def test_a_members_request_is_signed_with_the_domains_authority() -> None:
 
 def test_a_certificate_never_outlives_its_authority() -> None:
     authority = imexauth.new_authority("team-a", "train", UID)
-    _, node, req = imexauth.check_request(_csr(), {UID: DOMAIN})
+    _, node, req = imexauth.check_request(csr(), {UID: DOMAIN})
     cert = x509.load_pem_x509_certificate(imexauth.sign(authority, req, node, DOMAIN, 100 * 365 * 86400).encode())
     assert cert.not_valid_after_utc == authority.cert.not_valid_after_utc
 
 
 @pytest.mark.parametrize(("csr", "reason", "words"), [
-    pytest.param(lambda: _csr(user="system:serviceaccount:team-a:default"), "NotTheAgent",
+    pytest.param(lambda: csr(user="system:serviceaccount:team-a:default"), "NotTheAgent",
                  "only the nvlfabric node agent (system:serviceaccount:nvlfabric-system:nvlfabric-agent) may ask",
                  id="not-the-agent"),
-    pytest.param(lambda: _csr(node=None), "NoNode", "the requester's token is not bound to a node", id="unbound"),
-    pytest.param(lambda: _csr(_request(cn=names.imex_node_subject("node-2"))), "WrongNode",
+    pytest.param(lambda: csr(node=None), "NoNode", "the requester's token is not bound to a node", id="unbound"),
+    pytest.param(lambda: csr(request_pem(cn=names.imex_node_subject("node-2"))), "WrongNode",
                  "the request names ['system:nvlfabric:imex:node-2'], but the requester's node is node-1",
                  id="another-node"),
-    pytest.param(lambda: _csr(_request(dns=())), "WrongTarget", "must name exactly one DNS name", id="no-target"),
-    pytest.param(lambda: _csr(_request(dns=(names.imex_target(UID), "evil.example"))), "WrongTarget",
+    pytest.param(lambda: csr(request_pem(dns=())), "WrongTarget", "must name exactly one DNS name", id="no-target"),
+    pytest.param(lambda: csr(request_pem(dns=(names.imex_target(UID), "evil.example"))), "WrongTarget",
                  "must name exactly one DNS name", id="two-names"),
-    pytest.param(lambda: _csr(_request(dns=(names.imex_target("another-uid"),))), "NoSuchDomain",
+    pytest.param(lambda: csr(request_pem(dns=(names.imex_target("another-uid"),))), "NoSuchDomain",
                  "no ComputeDomain with uid another-uid has imexAuthentication TLS", id="unknown-domain"),
-    pytest.param(lambda: _csr(usages=("digital signature", "code signing")), "BadUsages", "exceed", id="usages"),
-    pytest.param(lambda: _csr(_request(key=rsa.generate_private_key(65537, 1024))), "WeakKey",
+    pytest.param(lambda: csr(usages=("digital signature", "code signing")), "BadUsages", "exceed", id="usages"),
+    pytest.param(lambda: csr(request_pem(key=rsa.generate_private_key(65537, 1024))), "WeakKey",
                  "RSA of at least 2048 bits", id="weak-key"),
-    pytest.param(lambda: _csr(base64.b64encode(b"not a request").decode()), "BadRequest",
+    pytest.param(lambda: csr(base64.b64encode(b"not a request").decode()), "BadRequest",
                  "not a PEM certificate request", id="garbage"),
 ])
 def test_requests_outside_the_rules_are_denied_with_the_rule(csr: object, reason: str, words: str) -> None:
@@ -94,7 +71,7 @@ def test_requests_outside_the_rules_are_denied_with_the_rule(csr: object, reason
 
 def test_a_node_whose_membership_has_not_arrived_waits() -> None:
     with pytest.raises(imexauth.NotYet, match="node node-3 is not \\(yet\\) a member of ComputeDomain team-a/train"):
-        imexauth.check_request(_csr(_request(cn=names.imex_node_subject("node-3")), node="node-3"), {UID: DOMAIN})
+        imexauth.check_request(csr(request_pem(cn=names.imex_node_subject("node-3")), node="node-3"), {UID: DOMAIN})
 
 
 @pytest.mark.parametrize(("spec", "status", "default", "expected"), [
@@ -124,7 +101,7 @@ def _member(name: str, trusts: str | None = None, issuer: str | None = None, rea
 
 
 def _node_cert(authority: imexauth.Authority, node: str = "node-1") -> x509.Certificate:
-    _, _, req = imexauth.check_request(_csr(_request(cn=names.imex_node_subject(node)), node=node), {UID: DOMAIN})
+    _, _, req = imexauth.check_request(csr(request_pem(cn=names.imex_node_subject(node)), node=node), {UID: DOMAIN})
     return x509.load_pem_x509_certificate(imexauth.sign(authority, req, node, DOMAIN, 3600, now=NOW).encode())
 
 
@@ -182,7 +159,7 @@ def test_the_secret_holds_every_step_and_reads_back_as_written() -> None:
         assert set(data) == keys
         secret = imexauth.Secret.from_dict({"metadata": {"name": "s", "annotations": {
             imexauth.HANDLED_ANNOTATION: auth.handled}}, "data": data})
-        back = imexauth._authorities_of(secret)
+        back = imexauth.authorities_of(secret)
         assert (back.bundle, back.phase, back.handled, back.signing.key_id) == (
             auth.bundle, auth.phase, auth.handled, auth.signing.key_id)
 

@@ -19,7 +19,7 @@ from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.reconcile import ComputeDomainResource, Controller
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
-from tests.controller.test_controller import clique_nodes, provider_domain, remove_domain  # noqa: F401 (fixture)
+from tests.support.domains import provider_domain, remove_domain
 
 pytestmark = pytest.mark.cluster
 LABEL = {"inf-test": "yes"}
@@ -79,7 +79,7 @@ class Counting(Client):
 
 
 def test_a_running_controller_reads_its_informers_not_the_api_server(
-        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:  # noqa: F811
+        cluster: Cluster, clique_nodes: tuple[str, list[str]]) -> None:
     clique, _ = clique_nodes
     client = Counting(cluster.client)
     names = [f"inf-{uuid.uuid4().hex[:5]}" for _ in range(3)]

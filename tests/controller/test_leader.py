@@ -1,6 +1,6 @@
 """Controller failover: the Lease decision table, the settings' checks, and two real controller
 processes on the real API server (exactly one leads; kill -9 the leader and the standby takes
-over and works; the health endpoints answer as nvlfabric/controller/health.py documents)."""
+over and works; the health endpoints answer as nvlfabric/controller/endpoint.py documents)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,13 +24,14 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.resource_v1 import DeviceClass
 from prometheus_client.parser import text_string_to_metric_families
 
-from nvlfabric.controller import health, pools
+from nvlfabric.controller import endpoint, pools
 from nvlfabric.controller.__main__ import settings
 from nvlfabric.controller.leader import Action, Seen, decide, lost
 from nvlfabric.daemon import process
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.paths import REPO
 from tests.conftest import Cluster
+from tests.support.http import free_port, get
 
 
 @pytest.mark.parametrize(("lease", "now", "action"), [
@@ -56,14 +55,14 @@ def test_a_holder_stops_past_its_renew_deadline_only() -> None:
 
 
 def test_watch_failures_back_off_and_turn_loud(caplog: pytest.LogCaptureFixture) -> None:
-    assert [health.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
-    before = health.WATCH_FAILURES.labels("Test").value
+    assert [endpoint.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+    before = endpoint.WATCH_FAILURES.labels("Test").value
     logger = logging.getLogger("nvlfabric.test-watch")
     with caplog.at_level(logging.DEBUG, logger="nvlfabric.test-watch"):
         for n in (1, 2, 3):
-            health.watch_failed("Test", RuntimeError("boom"), n, logger)
+            endpoint.watch_failed("Test", RuntimeError("boom"), n, logger)
     assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.DEBUG, logging.WARNING]
-    assert health.WATCH_FAILURES.labels("Test").value == before + 3
+    assert endpoint.WATCH_FAILURES.labels("Test").value == before + 3
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
@@ -88,20 +87,6 @@ def test_the_identity_is_the_pod_name_or_hostname_and_pid(monkeypatch: pytest.Mo
 
 # -- two controller processes on the real API server ----------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
 
 
 def leader_gauge(port: int) -> float | None:
@@ -120,7 +105,7 @@ def two_controllers(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, Pro
     lease = f"ctl-lease-{uuid.uuid4().hex[:6]}"
     procs: Procs = {}
     for who in ("a", "b"):
-        port = _free_port()
+        port = free_port()
         with open(tmp_path / f"{who}.log", "wb") as out:  # the child keeps its own descriptor
             procs[who] = (subprocess.Popen(
                 [sys.executable, "-m", "nvlfabric", "controller", "--kubeconfig", str(cluster.kubeconfig),

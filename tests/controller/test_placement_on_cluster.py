@@ -26,7 +26,7 @@ from nvlfabric.controller.reservations import Reserver
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster
-from tests.controller.test_controller import provider_domain, remove_domain
+from tests.support.domains import provider_domain, remove_domain
 
 pytestmark = pytest.mark.cluster
 NODES_PER_CLIQUE, GPUS = 2, 4

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nvlfabric.api import names
-from nvlfabric.controller.reservations import PendingPod, job_rank, ungate_patch
+from nvlfabric.controller.reservationplan import PendingPod, job_rank, ungate_patch
 
 
 def meta(group: int, size: int, index: int, **extra: str) -> dict[str, object]:

@@ -37,7 +37,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.nodeagent import imex
+from nvlfabric.nodeagent import imex, imexconfig
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
@@ -124,8 +124,8 @@ def _intruder(rack: Rack, tmp: Path, address: str, members: list[str], slot: int
               credentials: Path | None, target: str) -> subprocess.Popen[bytes]:
     """A stand-in daemon outside nvlfabric, on `address` with the domain's ports and its members
     plus itself in its nodes file: with `credentials` (a domain directory's tls/) or none."""
-    ports = imex.ports_for_slot(slot)
-    (tmp / "nodes.cfg").write_text(imex.render_nodes([*members, address]))
+    ports = imexconfig.ports_for_slot(slot)
+    (tmp / "nodes.cfg").write_text(imexconfig.render_nodes([*members, address]))
     lines = [f"BIND_INTERFACE_IP={address}", f"SERVER_PORT={ports.server}", f"IMEX_CMD_PORT={ports.cmd}",
              f"IMEX_CMD_BIND_INTERFACE_IP={address}", f"IMEX_NODE_CONFIG_FILE={tmp / 'nodes.cfg'}", "DAEMONIZE=0",
              "LOG_FILE_NAME=", "LOG_LEVEL=4"]
@@ -157,7 +157,7 @@ def test_a_tls_domain_authenticates_with_its_own_authority_and_refuses_intruders
         assert secret.type == "kubernetes.io/tls"
         assert base64.b64decode(secret.data["tls.crt"]).decode() == status["imexCABundle"]
         slot = status["imexPortSlot"]
-        ports = imex.ports_for_slot(slot)
+        ports = imexconfig.ports_for_slot(slot)
         addresses = sorted(nodes[n].address for n in members)
         for n in members:
             d = _dir(nodes[n], uid_a)
@@ -220,7 +220,7 @@ def test_certificates_are_renewed_under_a_running_domain_without_disturbing_it(r
     uid = domain_with_pods(client, name, members, {"imexMode": "Dedicated", "imexAuthentication": "TLS", "numNodes": 2})
     try:
         status = _ready(client, name)
-        ports = imex.ports_for_slot(status["imexPortSlot"])
+        ports = imexconfig.ports_for_slot(status["imexPortSlot"])
         pods = {p: client.get(Pod, p, namespace="default").metadata.uid for p in (f"{name}-0", f"{name}-1")}
         for n in members:  # Ready says each daemon is READY; its links may still be coming up
             eventually(f"{n}'s daemon to be connected", lambda n=n: _ctl(nodes[n], nodes[n].address,
@@ -362,7 +362,7 @@ def test_the_authority_is_replaced_under_a_running_domain_and_the_old_one_stops_
 
     try:
         status = _ready(client, name)
-        ports = imex.ports_for_slot(status["imexPortSlot"])
+        ports = imexconfig.ports_for_slot(status["imexPortSlot"])
         addresses = sorted(nodes[n].address for n in members)
         for n in members:
             eventually(f"{n}'s daemon to be connected", lambda n=n: _ctl(nodes[n], nodes[n].address,

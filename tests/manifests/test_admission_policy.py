@@ -60,7 +60,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.controller.reservations import PendingPod, pioneer_patch, reservation_patch
+from nvlfabric.controller.reservationplan import PendingPod, pioneer_patch, reservation_patch
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from tests.conftest import Cluster

@@ -417,7 +417,7 @@ def test_the_internal_model_rejects_inconsistent_entries() -> None:
 
 def plain_encoding(cp: Checkpoint) -> str:
     body: dict[str, Any] = {"version": ckpt.CHECKPOINT_VERSION, "bootId": cp.boot_id,
-                            "claims": {e.uid: ckpt._entry_json(e) for e in cp.claims}}
+                            "claims": {e.uid: ckpt.entry_json(e) for e in cp.claims}}
     body["checksum"] = "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
                                                              ensure_ascii=False).encode()).hexdigest()
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"

@@ -7,107 +7,24 @@ command line names this test's temporary directory, whatever the test did.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import signal
-import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from nvlfabric.nodeagent import imex
+from nvlfabric.nodeagent import imex, imexconfig
 from nvlfabric.nodeagent.imex import ImexDomain
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.imex.config import ImexConfig as SimImexConfig
+from tests.support.imexnodes import Nodes, free_port, gone, ip
 
-REPO = Path(__file__).resolve().parents[2]
-SUBNET = "127.0.30"
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="session")
-def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A driver root with the stand-ins in usr/bin, built once with `make -C nvlfabric/sim/imex`."""
-    root = tmp_path_factory.mktemp("driver-root")
-    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO / "nvlfabric" / "sim" / "imex"),
-                           f"OUT={root / 'usr' / 'bin'}"], capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root
-
-
-def free_port(hosts: list[str], avoid: set[int]) -> int:
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = int(probe.getsockname()[1])
-        if port in avoid:
-            continue
-        try:
-            for host in hosts:
-                with socket.socket() as s:
-                    s.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port")
-
-
-def ip(i: int) -> str:
-    return f"{SUBNET}.{i}"
-
-
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-    return pids
-
-
-class Nodes:
-    """Makes ImexDomain instances standing for the members of one domain on simulated nodes."""
-
-    def __init__(self, root: Path, driver_root: Path) -> None:
-        self.root = root
-        self.driver_root = driver_root
-        hosts = [ip(i) for i in range(1, 7)]
-        self.server_port = free_port(hosts, set())
-        self.cmd_port = free_port(hosts, {self.server_port})
-        self.made: list[ImexDomain] = []
-
-    def domain(self, i: int, *, domain_id: str = "clique-a", **kwargs: Any) -> ImexDomain:
-        kwargs.setdefault("server_port", self.server_port)
-        kwargs.setdefault("cmd_port", self.cmd_port)
-        d = ImexDomain(domain_id=domain_id, workdir=self.root / f"node{i}", driver_root=self.driver_root,
-                       bind_address=ip(i), grace_time=0, stop_timeout=3.0, **kwargs)
-        self.made.append(d)
-        return d
-
-    def close(self) -> None:
-        for d in self.made:
-            with contextlib.suppress(Exception):
-                d.stop()
-        for pid in _pids_mentioning(str(self.root)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, driver_root: Path) -> Iterator[Nodes]:
-    n = Nodes(tmp_path, driver_root)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 def view(d: ImexDomain) -> dict[str, Any]:
@@ -142,12 +59,6 @@ def start_domain(nodes: Nodes, count: int) -> list[ImexDomain]:
     return domains
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +136,9 @@ def test_a_daemon_left_by_a_killed_agent_is_replaced(nodes: Nodes) -> None:
     second.ensure_running([ip(1)])
     second.wait_ready(10)
     assert second.pid != orphan
-    first._proc.wait(timeout=5)  # type: ignore[union-attr]  # (reaped here only because it is our child)
+    # Private `_proc`: the daemon is this test process's child, and only its Popen can reap it
+    # (a public call such as stop() would signal it itself; the test checks that another process did).
+    first._proc.wait(timeout=5)  # type: ignore[union-attr]
     assert gone(orphan)
 
 
@@ -286,16 +199,16 @@ def test_the_config_uses_the_real_keys_and_the_daemon_accepts_it(nodes: Nodes) -
                            text=True, timeout=10, check=False)
     assert check.returncode == 0, check.stderr
     assert f"BIND_INTERFACE_IP={ip(1)}" in check.stdout and "1 entries" in check.stdout
-    assert set(imex.ImexConfig.ORDER) <= set(SimImexConfig.model_fields)
+    assert set(imexconfig.ImexConfig.ORDER) <= set(SimImexConfig.model_fields)
 
 
 def test_members_are_written_in_one_canonical_order() -> None:
-    assert imex.canonical_members(["10.0.0.10", "node-b", "10.0.0.9", "fd00::1", "node-a"]) == [
+    assert imexconfig.canonical_members(["10.0.0.10", "node-b", "10.0.0.9", "fd00::1", "node-a"]) == [
         "10.0.0.9", "10.0.0.10", "fd00::1", "node-a", "node-b"]
     with pytest.raises(ValueError, match="listed twice"):
-        imex.canonical_members(["10.0.0.1", "10.0.0.1"])
+        imexconfig.canonical_members(["10.0.0.1", "10.0.0.1"])
     with pytest.raises(ValueError, match="neither an IP address nor a host name"):
-        imex.canonical_members(["10.0.0.1 # x"])
+        imexconfig.canonical_members(["10.0.0.1 # x"])
 
 
 def test_the_own_address_must_be_a_member(nodes: Nodes) -> None:
@@ -304,12 +217,12 @@ def test_the_own_address_must_be_a_member(nodes: Nodes) -> None:
 
 
 def test_port_slots_never_overlap() -> None:
-    assert imex.ports_for_slot(0) == imex.DomainPorts(server=50000, cmd=50005)
-    ports = [p for s in range(imex.MAX_DOMAIN_SLOTS) for p in (imex.ports_for_slot(s).server,
-                                                               imex.ports_for_slot(s).cmd)]
+    assert imexconfig.ports_for_slot(0) == imexconfig.DomainPorts(server=50000, cmd=50005)
+    ports = [p for s in range(imexconfig.MAX_DOMAIN_SLOTS) for p in (imexconfig.ports_for_slot(s).server,
+                                                               imexconfig.ports_for_slot(s).cmd)]
     assert len(set(ports)) == len(ports) and max(ports) < 51000
     with pytest.raises(ValueError, match="slot"):
-        imex.ports_for_slot(imex.MAX_DOMAIN_SLOTS)
+        imexconfig.ports_for_slot(imexconfig.MAX_DOMAIN_SLOTS)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -329,7 +242,7 @@ def test_a_domain_without_authentication_writes_the_config_earlier_releases_wrot
     plain = imex.ImexDomain(domain_id="clique-x", workdir=tmp_path, driver_root=tmp_path, bind_address="10.0.0.1")
     text = plain.config.render()
     assert "IMEX_AUTH_" not in text and "IMEX_SERVER" not in text and "TARGET" not in text
-    assert [line.partition("=")[0] for line in text.splitlines()] == list(imex.ImexConfig.ORDER)
+    assert [line.partition("=")[0] for line in text.splitlines()] == list(imexconfig.ImexConfig.ORDER)
     tls = imex.ImexDomain(domain_id="cd-u", workdir=tmp_path, driver_root=tmp_path, bind_address="10.0.0.1",
                           tls_target="u.imex.nvlfabric.io")
     rendered = tls.config.render()
@@ -338,7 +251,8 @@ def test_a_domain_without_authentication_writes_the_config_earlier_releases_wrot
                  f"IMEX_SERVER_CERT_AUTH={tmp_path}/cd-u/tls/ca.crt",
                  "IMEX_SECURITY_TARGET_OVERRIDE=u.imex.nvlfabric.io"):
         assert line in rendered.splitlines(), line
-    assert imex.ImexConfig.parse(rendered) == tls.config
+    assert imexconfig.ImexConfig.parse(rendered) == tls.config
     with pytest.raises(ValueError, match="IMEX_SERVER_KEY: must be set with IMEX_ENABLE_AUTH_ENCRYPTION=1"):
-        imex.ImexConfig(BIND_INTERFACE_IP="10.0.0.1", IMEX_NODE_CONFIG_FILE="n", IMEX_CMD_BIND_INTERFACE_IP="10.0.0.1",
-                        IMEX_ENABLE_AUTH_ENCRYPTION=1)
+        imexconfig.ImexConfig(BIND_INTERFACE_IP="10.0.0.1", IMEX_NODE_CONFIG_FILE="n",
+                              IMEX_CMD_BIND_INTERFACE_IP="10.0.0.1",
+                              IMEX_ENABLE_AUTH_ENCRYPTION=1)

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from nvlfabric.api import computedomain as api
 from nvlfabric.controller import imexauth as signer
 from nvlfabric.nodeagent import imexauth
-from tests.controller.test_imexauth import DOMAIN, UID, _csr, _request
+from tests.support.csr import DOMAIN, UID, csr, request_pem
 
 NOW = datetime.datetime.now(datetime.UTC)
 
@@ -23,7 +23,7 @@ def _files(tmp: Path, authority: signer.Authority) -> imexauth.Files:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    _, node, req = signer.check_request(_csr(_request(key=key)), {UID: DOMAIN})
+    _, node, req = signer.check_request(csr(request_pem(key=key)), {UID: DOMAIN})
     f = imexauth.Files(tmp / "node.key", tmp / "node.crt", tmp / "ca.crt")
     f.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                         serialization.NoEncryption()))

@@ -17,9 +17,7 @@ import pytest
 from nvlfabric.nodeagent import imex, imexkeeper
 from nvlfabric.nodeagent.imexkeeper import Ensure, Keeper, KeeperDomain, Status, Stop
 from nvlfabric.sim.cluster import eventually
-from tests.nodeagent.test_imex import Nodes, driver_root, gone, ip, nodes
-
-__all__ = ["driver_root", "nodes"]  # test_imex's fixtures, shared
+from tests.support.imexnodes import Nodes, gone, ip
 
 
 def keeper_at(nodes: Nodes, i: int) -> tuple[Keeper, Path, imexkeeper.Server]:
@@ -104,7 +102,9 @@ def test_a_daemon_whose_files_do_not_say_what_it_runs_with_is_stopped(nodes: Nod
     keeper = Keeper(nodes.root / "node1", nodes.driver_root)
     assert keeper.domains == {}
     assert not imex.daemons_using(d.config_path)
-    d._proc.wait(timeout=5)  # type: ignore[union-attr]  # reaped here only because it is our child
+    # Private `_proc`: the daemon is this test process's child, and only its Popen can reap it
+    # (a public call such as stop() would signal it itself; the test checks that another process did).
+    d._proc.wait(timeout=5)  # type: ignore[union-attr]
     assert gone(pid)
 
 
@@ -176,7 +176,7 @@ def test_a_bad_request_is_refused_naming_the_field(line: bytes, error: str) -> N
 def test_messages_round_trip() -> None:
     reply = imexkeeper.Reply(done="started", domains=[imexkeeper.DomainState("clique-a", 7, None, ["10.0.0.1"], 50000,
                                                                              False)])
-    assert imexkeeper._decode(imexkeeper.Reply, json.loads(imexkeeper.encode(reply))) == reply
+    assert imexkeeper.decode_reply(imexkeeper.encode(reply)) == reply
     ensure = Ensure(domain="a", bind_address="10.0.0.1", server_port=1, cmd_port=2, members=["10.0.0.1"])
     assert imexkeeper.decode_request(imexkeeper.encode(ensure)) == ensure
 

@@ -135,7 +135,7 @@ def test_the_probes_health_service_shares_the_plugin_server_and_fails_when_a_kub
         pluginregistration_pb2,
         pluginregistration_pb2_grpc,
     )
-    from nvlfabric.nodeagent.health import READY_SERVICE
+    from nvlfabric.nodeagent.probes import READY_SERVICE
     from nvlfabric.nodeagent.server import DeviceHealth
 
     with socket.socket() as s:

@@ -13,7 +13,7 @@ import yaml
 from lightkube.models.core_v1 import Container
 
 from nvlfabric.sim import processes
-from nvlfabric.sim.kubelet.processes import _launch, stop_all
+from nvlfabric.sim.kubelet.processes import launch, stop_all
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 
 # Takes a second to exit after SIGTERM, as a node agent stopping its IMEX daemon does.
@@ -24,7 +24,7 @@ SLOW_EXIT = ("import signal, sys, time\n"
 
 
 def test_stop_all_stops_processes_together_not_one_after_another(tmp_path: Path) -> None:
-    procs = [_launch(pod_uid=f"uid-{i}", pod_name=f"p{i}", namespace="default", container=Container(name="c"),
+    procs = [launch(pod_uid=f"uid-{i}", pod_name=f"p{i}", namespace="default", container=Container(name="c"),
                      argv=[sys.executable, "-c", SLOW_EXIT], env={}, cwd=tmp_path,
                      log_path=tmp_path / f"p{i}.log") for i in range(6)]
     deadline = time.monotonic() + 30
@@ -41,7 +41,7 @@ def test_stop_all_stops_processes_together_not_one_after_another(tmp_path: Path)
 def test_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
     stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n" \
                "time.sleep(120)\n"
-    (proc,) = procs = [_launch(pod_uid="uid", pod_name="p", namespace="default", container=Container(name="c"),
+    (proc,) = procs = [launch(pod_uid="uid", pod_name="p", namespace="default", container=Container(name="c"),
                                argv=[sys.executable, "-c", stubborn], env={}, cwd=tmp_path,
                                log_path=tmp_path / "p.log")]
     while (tmp_path / "p.log").read_text().strip() != "up":

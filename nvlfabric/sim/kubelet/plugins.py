@@ -9,7 +9,7 @@ Behaviour follows the real kubelet (1.34 to 1.37):
   claims, with a 45 s timeout; a gRPC error discards the whole response; a claim missing from the
   response is an error; per-claim `error` strings fail just those claims;
 - a plugin that advertises `v1alpha1.DRAResourceHealth` is watched with `NodeWatchResources`
-  (health.py: what the kubelet does with the reports).
+  (devicehealth.py: what the kubelet does with the reports).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from nvlfabric.api.kubelet import (
     pluginregistration_pb2_grpc,
 )
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
-from nvlfabric.sim.kubelet.health import HEALTHY, UNHEALTHY, UNKNOWN, Reported
+from nvlfabric.sim.kubelet.devicehealth import HEALTHY, UNHEALTHY, UNKNOWN, Reported
 
 GET_INFO_TIMEOUT_S = 1.0
 CALL_TIMEOUT_S = 45.0

@@ -84,7 +84,7 @@ class PodProcess:
 
     def restart(self) -> PodProcess:
         """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
-        new = _launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
+        new = launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
                       container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
         new.restarts = self.restarts + 1
         new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
@@ -286,13 +286,14 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     spec_path = pod_dir / f"{container.name}.container.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]
-    return _launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
+    return launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
                    namespace=pod.metadata.namespace or "default", container=container, argv=launcher, env=env,
                    cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
 
 
-def _launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
-            env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
+def launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
+           env: dict[str, str], cwd: Path, log_path: Path) -> PodProcess:
+    """Start `argv` as the container's process, its output appended to `log_path`."""
     with contextlib.suppress(FileNotFoundError):  # the last instance's: its container is gone
         (cwd / f"{container.name}.pid").unlink()
     with log_path.open("ab") as fh:

@@ -1,0 +1,92 @@
+"""Stopping a pod being deleted: its processes stopped (SIGTERM, then SIGKILL after the grace),
+NodeUnprepareResources per driver, what the node held of it dropped, then the pod deleted with
+grace period 0. A pod stays Terminating until its unprepare succeeds, as with a real kubelet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from nvlfabric.api.kubelet.types import ClaimRef
+from nvlfabric.sim.kubelet.hollow import HollowAgent
+from nvlfabric.sim.kubelet.podstart import claims_by_driver
+from nvlfabric.sim.kubelet.processes import stop_all
+from nvlfabric.sim.kubelet.state import PROCESS_STOP_TIMEOUT_S, NodeState, PodNotReady
+
+__all__ = ["delete", "release"]
+
+
+def _stop_containers(state: NodeState, uid: str) -> None:
+    if (init := state.init_running.pop(uid, None)) is not None:
+        init.kill()
+    for done in [k for k in [*state.init_done, *state.init_failures] if k[0] == uid]:
+        state.init_done.pop(done, None)
+        state.init_failures.pop(done, None)
+    keys = [k for k in state.processes if k[0] == uid]
+    for key in keys:
+        if (prober := state.probers.pop(key, None)) is not None:
+            prober.cancel()
+        state.ready.pop(key, None)
+        state.terminated.pop(key, None)
+    # All its containers at once, SIGTERM then SIGKILL after the grace (as the kubelet stops a pod).
+    stop_all([state.processes.pop(k) for k in keys], timeout=PROCESS_STOP_TIMEOUT_S)
+    if state.hollow_agent_pod == uid:  # the agent stops: its plugin is unregistered (its labels stay)
+        state.hollow_agent_pod = None
+        state.plugins = {k: p for k, p in state.plugins.items() if not isinstance(p, HollowAgent)}
+
+
+async def _unprepare(client: AsyncClient, state: NodeState, pod: Pod) -> None:
+    assert pod.metadata is not None
+    uid = pod.metadata.uid or ""
+    prepared = state.prepared.get(uid)
+    if prepared is None and pod.spec and pod.spec.resourceClaims:
+        # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the
+        # kubelet does from its checkpoint; plugins must treat unknown claims as done.
+        prepared = await _prepared_from_api(client, pod)
+    for driver, refs in list((prepared or {}).items()):
+        plugin = state.plugin_for(driver)
+        if plugin is None:
+            raise PodNotReady("FailedUnprepareDynamicResources",
+                              f"DRA driver {driver} is not registered on node {state.node.name}")
+        failed = {u: e for u, e in (await plugin.unprepare(refs)).items() if e}
+        if failed:
+            raise PodNotReady("FailedUnprepareDynamicResources",
+                              "; ".join(f"claim {u}: {e}" for u, e in failed.items()))
+        state.prepared.get(uid, {}).pop(driver, None)
+
+
+async def _prepared_from_api(client: AsyncClient, pod: Pod) -> dict[str, list[ClaimRef]]:
+    assert pod.metadata is not None
+    claims = []
+    for s in (pod.status.resourceClaimStatuses or []) if pod.status else []:
+        if not s.resourceClaimName:
+            continue
+        try:
+            claims.append(await client.get(ResourceClaim, s.resourceClaimName, namespace=pod.metadata.namespace))
+        except ApiError:
+            continue
+    return claims_by_driver(claims)
+
+
+async def release(client: AsyncClient, state: NodeState, pod: Pod) -> None:
+    """Stop the pod and unprepare its claims (module doc); PodNotReady while a driver's unprepare
+    fails or it is not registered. Its deletion is the caller's, once it has noted the pod gone."""
+    assert pod.metadata is not None
+    uid = pod.metadata.uid or ""
+    _stop_containers(state, uid)
+    await _unprepare(client, state, pod)
+    state.prepared.pop(uid, None)
+    state.devices.pop(uid, None)  # health is not updated after the pod terminates
+    state.pod_names.pop(uid, None)
+    state.started.discard(uid)
+
+
+async def delete(client: AsyncClient, pod: Pod) -> None:
+    """Delete the stopped pod with grace period 0: the kubelet's last word on it."""
+    assert pod.metadata is not None
+    with contextlib.suppress(ApiError):
+        await client.delete(Pod, pod.metadata.name or "", namespace=pod.metadata.namespace, grace_period=0)
