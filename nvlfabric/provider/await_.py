@@ -8,12 +8,14 @@ The shape follows pulumi-kubernetes' newer await code (`condition/`, `checker/`)
   a progress line or a timeout reports, so the order is the order of the steps a ComputeDomain
   goes through.
 - **`wait`** polls an `observe` callable (the only thing that talks to the API server) until the
-  condition holds, the condition says it never will (`AwaitFailed`), or the caller's one
-  `Deadline` passes (`AwaitTimeout`, naming what was awaited and what was last seen). Temporary
-  API errors while observing are retried until the deadline; permanent ones end the wait at once.
-  Polling backs off from `POLL.initial_s` to `POLL.max_s`; at one GET per object per two seconds
-  at most it costs the API server little, and it keeps the loop deterministic under an injected
-  `Clock` (tests use `ManualClock`, so nothing really sleeps).
+  condition holds, the condition says it never will (`AwaitFailed`, or the verdict's own error),
+  or the caller's one `Deadline` passes (`AwaitTimeout`, naming what was awaited and what was last
+  seen). Temporary API errors while observing are retried until the deadline; permanent ones end
+  the wait at once. Polling backs off from `POLL.initial_s` to `POLL.max_s` (`backoff`); at one
+  GET per object per two seconds at most it costs the API server little, and it keeps the loop
+  deterministic under an injected `Clock` (tests use `ManualClock`, so nothing really sleeps).
+- **`retry`** is the same deadline and back-off for one request rather than an observation: it
+  is tried again after a temporary error until the deadline, then that error is raised.
 - **`READINESS`** maps what a user asked to wait for (`AwaitFor`) to the ordered conditions. `None`
   has an explicit empty entry: "known, nothing to wait for".
 
@@ -37,7 +39,7 @@ object back.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -130,6 +132,14 @@ class Poll:
 POLL: Final = Poll()
 
 
+def backoff(poll: Poll = POLL) -> Iterator[float]:
+    """The pauses between tries: `poll.initial_s`, then each `poll.factor` times the last, at most `poll.max_s`."""
+    delay = poll.initial_s
+    while True:
+        yield delay
+        delay = min(delay * poll.factor, poll.max_s)
+
+
 # -- conditions ----------------------------------------------------------------------------------------
 
 
@@ -141,6 +151,12 @@ class Seen:
     detail: str
     #: True when the awaited state can no longer come (waiting further is pointless).
     fatal: bool = False
+    #: With `fatal`: the error that ends the wait, when `AwaitFailed` is not the one (delete's
+    #: `InUse` names the pods and the fix).
+    error: Exception | None = None
+    #: The progress line, where "waiting for <awaited>: <detail>" is not the one to report; "":
+    #: nothing to report.
+    progress: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,36 +185,62 @@ def all_of(*conditions: Condition[T]) -> Condition[T]:
 
 
 def wait(*, awaited: str, observe: Callable[[], T], condition: Condition[T], deadline: Deadline,
-         poll: Poll = POLL, on_progress: Callable[[str], None] | None = None, hint: str = "") -> T:
+         poll: Poll = POLL, on_progress: Callable[[str], None] | None = None, hint: str = "",
+         retried: tuple[type[Exception], ...] = (TemporaryError,)) -> T:
     """Observe until `condition` holds and return that observation.
 
-    Raises `AwaitFailed` when the condition says the state cannot come, `AwaitTimeout` when
-    `deadline` passes (the message: what was `awaited`, what was last seen, and `hint`), and any
-    permanent error `observe` raises. `on_progress` gets each new description of what is seen.
+    Raises `AwaitFailed` (or the verdict's `error`) when the condition says the state cannot come,
+    `AwaitTimeout` when `deadline` passes (the message: what was `awaited`, what was last seen, and
+    `hint`), and any error of `observe` but the `retried` ones (by default temporary API errors),
+    which count as "could not observe". `on_progress` gets each new progress line.
     """
-    delay = poll.initial_s
-    last_detail = ""
+    pauses = backoff(poll)
+    said = ""
     last: T | None = None
     while True:
         try:
             last = observe()
-        except TemporaryError as exc:
+        except retried as exc:
             seen = Seen(False, f"could not observe: {exc}")
         else:
             seen = condition(last)
             if seen.ok:
                 return last
             if seen.fatal:
-                raise AwaitFailed(awaited=awaited, seen=seen.detail, last=last)
-        if on_progress is not None and seen.detail != last_detail:
-            on_progress(f"waiting for {awaited}: {seen.detail}")
-        last_detail = seen.detail
+                raise seen.error or AwaitFailed(awaited=awaited, seen=seen.detail, last=last)
+        line = f"waiting for {awaited}: {seen.detail}" if seen.progress is None else seen.progress
+        if line and line != said:
+            said = line
+            if on_progress is not None:
+                on_progress(line)
         remaining = deadline.remaining()
         if remaining <= 0.0:
             raise AwaitTimeout(awaited=awaited, seen=seen.detail, timeout_s=deadline.timeout_s, last=last,
                                hint=hint)
-        deadline.clock.sleep(min(delay, remaining))
-        delay = min(delay * poll.factor, poll.max_s)
+        deadline.clock.sleep(min(next(pauses), remaining))
+
+
+def retry(call: Callable[[], T], *, deadline: Deadline, poll: Poll = POLL,
+          on_progress: Callable[[str], None] | None = None) -> T:
+    """`call()`, tried again after each `TemporaryError` (the API server unreachable, overloaded or
+    failing) until `deadline`; then that error is raised. The pauses are `wait`'s, or what the
+    server asked for (the error's `delay_s`); `on_progress` hears of each new kind of failure, not
+    of every try."""
+    pauses = backoff(poll)
+    said = ""
+    while True:
+        try:
+            return call()
+        except TemporaryError as exc:
+            remaining = deadline.remaining()
+            if remaining <= 0.0:
+                raise
+            if str(exc) != said:
+                said = str(exc)
+                if on_progress is not None:
+                    on_progress(f"{exc}; trying again until the timeout ({deadline.timeout_s:.0f} s)")
+            pause = next(pauses)  # taken whether or not the server named its own
+            deadline.clock.sleep(min(exc.delay_s or pause, remaining))
 
 
 # -- what is observed ------------------------------------------------------------------------------------
@@ -376,7 +418,8 @@ def awaited(s: Snapshot, level: AwaitFor) -> str:
 # -- deletion ------------------------------------------------------------------------------------------
 
 
-def _still_there(ref: str, obj: Obj) -> str:
+def still_there(ref: str, obj: Obj) -> str:
+    """Why an object that should be gone is still there: not marked for deletion yet, or held by its finalizers."""
     finalizers: Sequence[str] = _get(obj, "metadata", "finalizers") or []
     if not _get(obj, "metadata", "deletionTimestamp"):
         return f"{ref} is not marked for deletion yet"
@@ -397,9 +440,9 @@ def deleted(*, claim_may_linger: bool = False) -> Condition[Snapshot]:
     def check(s: Snapshot) -> Seen:
         left = []
         if s.cd is not None:
-            left.append(_still_there(s.cd_ref, s.cd))
+            left.append(still_there(s.cd_ref, s.cd))
         if s.claim is not None and not (claim_may_linger and _get(s.claim, "metadata", "deletionTimestamp")):
-            left.append(_still_there(s.claim_ref, s.claim))
+            left.append(still_there(s.claim_ref, s.claim))
         return Seen(not left, "; ".join(left) or "both are gone")
 
     return Condition("deleted", check)

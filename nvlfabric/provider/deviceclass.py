@@ -32,7 +32,7 @@ from pulumi.dynamic import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nvlfabric.api import errors as api_errors
-from nvlfabric.api.names import DNS_SUBDOMAIN
+from nvlfabric.api.names import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX
 from nvlfabric.kube.errors import api_call
 from nvlfabric.provider import errors, host, kube
 
@@ -42,7 +42,7 @@ class DeviceClassArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253,
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=DNS_SUBDOMAIN_MAX,
                       description="object name: a DNS subdomain (lowercase letters, digits, '-', '.')")
     selectors: list[str] = Field(default_factory=list,
                                  description="CEL expressions a device must satisfy, e.g. "

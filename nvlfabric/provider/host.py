@@ -11,16 +11,23 @@ other exception (another dynamic provider's, or a bug of ours: then the frames a
 
 Installed when a provider module is imported; a no-op in any other process (the program's, a
 test's), where `__main__` is not the dynamic provider host.
+
+Also here, for the same host: `plain_errors`, which raises our errors afresh at a provider's entry
+points (no chain, no frames below), and `progress`, the provider's lines to the CLI.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from nvlfabric.api.errors import NvlfabricError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def format_exc(limit: int | None = None, chain: bool = True) -> str:
@@ -48,3 +55,24 @@ def install(main: Any = None) -> bool:
     if getattr(current, "format_exc", None) is not format_exc:
         main.traceback = _shim()
     return True
+
+
+def plain_errors(method: F) -> F:
+    """Our own errors reach the engine as their message: Pulumi's dynamic provider host prints the
+    whole traceback of whatever a method raises (a missing namespace was ~60 chained lines with the
+    message last), so the error is raised afresh here, without its chain or the frames below."""
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except NvlfabricError as exc:
+            error = exc
+        raise error.with_traceback(None) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def progress(message: str) -> None:
+    """A progress line of a dynamic provider, for the CLI."""
+    # pulumi.log is not connected inside dynamic providers; their stderr reaches the CLI.
+    print(f"nvlfabric: {message}", file=sys.stderr, flush=True)

@@ -45,12 +45,12 @@ class KubeProvider(ResourceProvider):
 
     # Nothing secret is captured; skipping the per-resource encryption keeps big stacks fast.
     serialize_as_secret_always = False
-
-    def __init__(self) -> None:
-        self.kubeconfig: str | None = None
+    #: Set by `configure` in the provider process (None: $KUBECONFIG). A class attribute, so that a
+    #: provider unpickled from a state that does not hold it has it all the same.
+    kubeconfig: str | None = None
 
     def configure(self, req: ConfigureRequest) -> None:
         self.kubeconfig = req.config.get("kubernetes:kubeconfig") or req.config.get("nvlfabric:kubeconfig")
 
     def _client(self) -> Any:
-        return client(kubeconfig_source(getattr(self, "kubeconfig", None)))
+        return client(kubeconfig_source(self.kubeconfig))

@@ -1,8 +1,9 @@
 """The `nvidia` backend of the ComputeDomain provider: NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`).
 
 `ComputeDomainProvider` (nvlfabric/provider/computedomain.py) sends here every call whose inputs
-(or state) say `backend: nvidia`. The Pulumi behaviour is the same as on nvlfabric's backend; what
-differs is whose object it is:
+(or state) say `backend: nvidia` (the seam: nvlfabric/provider/backend.py; this module never
+imports nvlfabric's backend, nvlfabric/provider/nvlfabricdomain.py). The Pulumi behaviour is the
+same as on nvlfabric's backend; what differs is whose object it is:
 
 - `check` validates with `NvidiaArgs`, whose spec (`nvlfabric.api.nvidia.NvidiaDomainSpec`) refuses
   what means nothing to NVIDIA's driver (`spec.imexMode`, `spec.placement`), naming the field.
@@ -39,7 +40,6 @@ from typing import Any, Final, Literal
 
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
 from lightkube.types import PatchType
@@ -51,9 +51,12 @@ from nvlfabric.api import names
 from nvlfabric.api import nvidia as nv
 from nvlfabric.api.nvidia import Backend, NvidiaDomainSpec
 from nvlfabric.kube import errors as kube_errors
-from nvlfabric.provider import await_, errors
-from nvlfabric.provider import computedomain as cd
+from nvlfabric.provider import await_, domainclient, domaininputs, errors
 from nvlfabric.provider.await_ import AwaitFor, Snapshot
+from nvlfabric.provider.backend import Context
+from nvlfabric.provider.domainclient import Created, get, read_crd, roll_back, send
+from nvlfabric.provider.domaininputs import DEFAULT_TIMEOUT_S, SETTINGS, contains_unknown, is_unknown, split_id
+from nvlfabric.provider.domainusers import wait_out_departing_users
 
 NVIDIA_CD: Final = create_namespaced_resource(nv.GROUP, nv.VERSION, nv.KIND, nv.PLURAL)
 NVIDIA_FINALIZER: Final = "resource.nvidia.com/computeDomain"
@@ -77,7 +80,7 @@ class NvidiaArgs(BaseModel):
     spec: NvidiaDomainSpec = Field(default_factory=NvidiaDomainSpec)
     labels: dict[str, str] = Field(default_factory=dict)
     await_for: AwaitFor = AwaitFor.ACCEPTED
-    timeout_s: float = Field(cd.DEFAULT_TIMEOUT_S, gt=0)
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0)
     adopt: bool = False
     force_delete: bool = False
 
@@ -87,7 +90,7 @@ class NvidiaArgs(BaseModel):
                 "timeout_s": self.timeout_s, "adopt": self.adopt, "force_delete": self.force_delete}
 
 
-ALLOWED: Final[Mapping[str, list[str]]] = {
+ALLOWED: Final[domaininputs.Allowed] = {
     "": list(NvidiaArgs.model_fields),
     "spec": ["numNodes", "channelAllocationMode", "channelClaim"],
     "spec.channelClaim": ["name"],
@@ -95,7 +98,8 @@ ALLOWED: Final[Mapping[str, list[str]]] = {
 
 
 def check_inputs(news: Mapping[str, Any]) -> CheckResult:
-    return cd.check_inputs(news, NvidiaArgs, ALLOWED)
+    """Validate and normalise nvidia inputs (see `domaininputs.check`)."""
+    return domaininputs.check(news, NvidiaArgs.model_validate, ALLOWED)
 
 
 def _normal_spec(raw: Any) -> dict[str, Any]:
@@ -105,40 +109,30 @@ def _normal_spec(raw: Any) -> dict[str, Any]:
         return dict(raw) if isinstance(raw, Mapping) else {}
 
 
+def _template_name(name: str, spec: Mapping[str, Any]) -> str:
+    return NvidiaDomainSpec.model_validate(spec).template_name(name)
+
+
 def _template_of(props: Mapping[str, Any]) -> str | None:
-    name, spec = props.get("name"), props.get("spec")
-    if not isinstance(name, str) or cd.is_unknown(name) or cd._contains_unknown(spec):
-        return None
-    try:
-        return NvidiaDomainSpec.model_validate(spec or {}).template_name(name)
-    except ValidationError:
-        return None
+    return domaininputs.claim_name_of(props, _template_name)
 
 
 def compute_diff(olds: Mapping[str, Any], news: Mapping[str, Any]) -> DiffResult:
     """Like nvlfabric's, but every spec field is a replace (NVIDIA's spec is immutable)."""
-    replaces = [key for key, default in (("namespace", "default"), ("name", None))
-                if cd.is_unknown(news.get(key, default)) or news.get(key, default) != olds.get(key, default)]
+    replaces = domaininputs.renamed(olds, news)
     new_raw = news.get("spec")
-    if cd.is_unknown(new_raw):
+    if is_unknown(new_raw):
         replaces.append("spec")
     else:
         old, new = _normal_spec(olds.get("spec")), (new_raw or {})
         # (unknown values stay as they are, and count as changed)
-        new = _normal_spec({k: v for k, v in new.items() if not cd._contains_unknown(v)}) | {
-            k: v for k, v in new.items() if cd._contains_unknown(v)}
+        new = _normal_spec({k: v for k, v in new.items() if not contains_unknown(v)}) | {
+            k: v for k, v in new.items() if contains_unknown(v)}
         replaces += [f"spec.{k}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    new_labels = news.get("labels") or {}
-    labels_changed = cd._contains_unknown(new_labels) or dict(olds.get("labels") or {}) != dict(new_labels)
-    settings_changed = any(news.get(k, d) != olds.get(k, d) for k, d in cd.SETTINGS.items())
     if not replaces:
-        return DiffResult(changes=labels_changed or settings_changed)
-    new_template = _template_of(news)
-    same_ns = news.get("namespace", "default") == olds.get("namespace", "default")
-    reuses = (new_template is None or cd.is_unknown(news.get("name")) or cd.is_unknown(news.get("namespace"))
-              or (same_ns and (news.get("name") == olds.get("name")
-                               or new_template == (olds.get("claim_name") or _template_of(olds)))))
-    return DiffResult(changes=True, replaces=replaces, delete_before_replace=reuses)
+        return DiffResult(changes=domaininputs.labels_or_settings_changed(olds, news))
+    return DiffResult(changes=True, replaces=replaces,
+                      delete_before_replace=domaininputs.reuses_a_name(olds, news, _template_name))
 
 
 def outputs(obj: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,7 +147,7 @@ def outputs(obj: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, An
     return {
         "name": name, "namespace": meta.get("namespace"), "backend": Backend.NVIDIA.value, "spec": spec.dump(),
         "labels": dict(meta.get("labels") or {}),
-        **{k: settings.get(k, d) for k, d in cd.SETTINGS.items()},
+        **{k: settings.get(k, d) for k, d in SETTINGS.items()},
         "uid": meta.get("uid"), "claim_name": spec.template_name(name),
         # NVIDIA's two states in nvlfabric's phases: Ready, else Pending until a daemon joins.
         "phase": "Ready" if ready else "Allocating" if nodes else "Pending",
@@ -164,11 +158,7 @@ def outputs(obj: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, An
 
 
 def _parse(props: Mapping[str, Any]) -> NvidiaArgs:
-    try:
-        return NvidiaArgs.model_validate(cd._user_props(props))
-    except ValidationError as exc:
-        reasons = "; ".join(f"{f.property}: {f.reason}" for _, f in (cd._failure(e, ALLOWED) for e in exc.errors()))
-        raise errors.InvalidInputs(f"invalid ComputeDomain inputs: {reasons}") from None
+    return domaininputs.parse(domaininputs.user_props(props), NvidiaArgs.model_validate, ALLOWED)
 
 
 def _snapshot(client: Client | None, ns: str, name: str, template: str) -> Snapshot:
@@ -177,13 +167,9 @@ def _snapshot(client: Client | None, ns: str, name: str, template: str) -> Snaps
                     claim_kind="ResourceClaimTemplate")
     if client is None:
         return base
-    crd, readable = None, True
-    try:
-        crd = cd._get(client, CustomResourceDefinition, nv.CRD_NAME, None)
-    except api_errors.Forbidden:
-        readable = False
-    return dataclasses.replace(base, crd=crd, crd_readable=readable, cd=cd._get(client, NVIDIA_CD, name, ns),
-                               claim=cd._get(client, ResourceClaimTemplate, template, ns))
+    crd, readable = read_crd(client, nv.CRD_NAME)
+    return dataclasses.replace(base, crd=crd, crd_readable=readable, cd=get(client, NVIDIA_CD, name, ns),
+                               claim=get(client, ResourceClaimTemplate, template, ns))
 
 
 def controller_state(deployments: list[dict[str, Any]]) -> str | None:
@@ -230,40 +216,37 @@ def controller_taken(client: Client, deadline: await_.Deadline, grace_s: float) 
     return await_.Condition("NVIDIA's controller took the domain", check)
 
 
-def _await(p: cd.ComputeDomainProvider, client: Client, args: NvidiaArgs, deadline: await_.Deadline,
-           ) -> dict[str, Any]:
+def _await(ctx: Context, client: Client, args: NvidiaArgs, deadline: await_.Deadline) -> dict[str, Any]:
     template = args.spec.template_name(args.name)
     snap = _snapshot(None, args.namespace, args.name, template)
     levels = await_.NVIDIA_READINESS[args.await_for]
     if not levels:
-        live = cd._get(client, NVIDIA_CD, args.name, args.namespace)
+        live = get(client, NVIDIA_CD, args.name, args.namespace)
         return dict(live or {})
-    grace = getattr(p, "controller_grace_s", None) or CONTROLLER_GRACE_S
-    taken = controller_taken(client, deadline, grace)
+    taken = controller_taken(client, deadline, ctx.controller_grace_s)
     at = levels.index(await_.CD_EXISTS) + 1
-    seen = await_.wait(
+    seen = ctx.wait(
         awaited=await_.awaited(snap, args.await_for),
         observe=lambda: _snapshot(client, args.namespace, args.name, template),
         condition=await_.all_of(*levels[:at], taken, *levels[at:]), deadline=deadline,
-        poll=getattr(p, "poll", None) or await_.POLL, on_progress=p._on_progress(),
         hint=CONTROLLER_HINT if args.await_for is AwaitFor.ACCEPTED else
         "raise timeout_s, or set await_for='Accepted' to not wait for the domain's IMEX daemons")
     assert seen.cd is not None  # the condition requires it
     return dict(seen.cd)
 
 
-def create(p: cd.ComputeDomainProvider, props: dict[str, Any]) -> CreateResult:
+def create(ctx: Context, props: dict[str, Any]) -> CreateResult:
     args = _parse(props)
     ns, name = args.namespace, args.name
     ref = f"NVIDIA ComputeDomain {ns}/{name}"
-    deadline = p._deadline(args.timeout_s)
-    client = p._client()
+    deadline = ctx.deadline(args.timeout_s)
+    client = ctx.client()
     body = nv.domain_object(name, ns, args.labels, args.spec)
-    created: list[tuple[str, Any, str]] = []
+    created: Created = []
     try:
         try:
-            p._retrying(deadline, f"create {ref}",
-                        lambda: dict(cd._send(client, "post", NVIDIA_CD, NVIDIA_CD.from_dict(body), namespace=ns)))
+            ctx.retrying(deadline, f"create {ref}",
+                         lambda: dict(send(client, "post", NVIDIA_CD, NVIDIA_CD.from_dict(body), namespace=ns)))
         except api_errors.NotFound as exc:
             raise api_errors.NotFound(
                 action=exc.action, code=exc.code, reason=exc.reason, message=exc.message,
@@ -273,9 +256,9 @@ def create(p: cd.ComputeDomainProvider, props: dict[str, Any]) -> CreateResult:
             _adopt(client, args, ref)
         else:
             created.append(("ComputeDomain", NVIDIA_CD, name))
-        live = _await(p, client, args, deadline)
+        live = _await(ctx, client, args, deadline)
     except Exception as exc:
-        p._roll_back(client, ns, created, exc)
+        roll_back(client, ns, created, exc)
         raise
     return CreateResult(f"{ns}/{name}", outputs(live, args.to_inputs()))
 
@@ -290,7 +273,7 @@ def _adopt(client: Client, args: NvidiaArgs, ref: str) -> None:
             "adopt=True (its spec must already match: NVIDIA's spec is immutable; its labels are then set); or "
             f"delete it first (kubectl delete computedomains.resource.nvidia.com -n {ns} {name}); or choose "
             "another name")
-    live = cd._get(client, NVIDIA_CD, name, ns) or {}
+    live = get(client, NVIDIA_CD, name, ns) or {}
     have = nv.spec_of(name, live.get("spec") or {}).dump()
     want = args.spec.dump()
     differ = [f"spec.{k} (live {have.get(k)!r}, declared {want.get(k)!r})" for k in sorted(set(have) | set(want))
@@ -300,45 +283,44 @@ def _adopt(client: Client, args: NvidiaArgs, ref: str) -> None:
             f"{ref} exists with another spec: {', '.join(differ)}. NVIDIA's ComputeDomain spec is immutable, so "
             "it cannot be adopted as declared: declare its spec as it is, or delete it and let `pulumi up` make it")
     with kube_errors.api_call(f"adopt {ref} (set its labels)"):
-        cd._send(client, "patch", NVIDIA_CD, {"metadata": {"labels": args.labels}}, name=name, namespace=ns,
-                 headers={"Content-Type": PatchType.MERGE.value})
+        send(client, "patch", NVIDIA_CD, {"metadata": {"labels": args.labels}}, name=name, namespace=ns,
+             headers={"Content-Type": PatchType.MERGE.value})
 
 
-def read(p: cd.ComputeDomainProvider, id_: str, props: dict[str, Any]) -> ReadResult:
-    ns, name = cd._split_id(id_, props)
-    live = cd._get(p._client(), NVIDIA_CD, name, ns)
+def read(ctx: Context, id_: str, props: dict[str, Any]) -> ReadResult:
+    ns, name = split_id(id_, props)
+    live = get(ctx.client(), NVIDIA_CD, name, ns)
     if live is None:
         return ReadResult(None, {})
     outs = outputs(live, props)
     return ReadResult(f"{ns}/{name}", outs, {k: outs[k] for k in NvidiaArgs.model_fields})
 
 
-def update(p: cd.ComputeDomainProvider, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+def update(ctx: Context, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
     """Labels and settings only: every spec change is a replace (see `compute_diff`)."""
     args = _parse(news)
-    deadline = p._deadline(args.timeout_s)
-    client = p._client()
+    deadline = ctx.deadline(args.timeout_s)
+    client = ctx.client()
     dropped = {k: None for k in (olds.get("labels") or {}) if k not in args.labels}
     with kube_errors.api_call(f"update NVIDIA ComputeDomain {args.namespace}/{args.name}"):
-        cd._send(client, "patch", NVIDIA_CD, {"metadata": {"labels": {**dropped, **args.labels}}}, name=args.name,
-                 namespace=args.namespace, headers={"Content-Type": PatchType.MERGE.value})
-    return UpdateResult(outputs(_await(p, client, args, deadline), args.to_inputs()))
+        send(client, "patch", NVIDIA_CD, {"metadata": {"labels": {**dropped, **args.labels}}}, name=args.name,
+             namespace=args.namespace, headers={"Content-Type": PatchType.MERGE.value})
+    return UpdateResult(outputs(_await(ctx, client, args, deadline), args.to_inputs()))
 
 
-def delete(p: cd.ComputeDomainProvider, id_: str, props: dict[str, Any]) -> None:
-    ns, name = cd._split_id(id_, props)
-    deadline = p._deadline(float(props.get("timeout_s") or cd.DEFAULT_TIMEOUT_S))
-    client = p._client()
+def delete(ctx: Context, id_: str, props: dict[str, Any]) -> None:
+    ns, name = split_id(id_, props)
+    deadline = ctx.deadline(float(props.get("timeout_s") or DEFAULT_TIMEOUT_S))
+    client = ctx.client()
     template = str(props.get("claim_name") or _template_of(props) or f"{name}-channel")
     snap = _snapshot(None, ns, name, template)
     if not props.get("force_delete"):
-        p._wait_out_departing_users(client, snap, deadline)
-    cd._delete(client, NVIDIA_CD, name, ns, action=f"delete NVIDIA {snap.cd_ref}")
+        wait_out_departing_users(ctx, client, snap, deadline)
+    domainclient.delete(client, NVIDIA_CD, name, ns, action=f"delete NVIDIA {snap.cd_ref}")
 
     def gone(s: Snapshot) -> await_.Seen:
-        return await_.Seen(s.cd is None, await_._still_there(s.cd_ref, s.cd) if s.cd is not None else "gone")
+        return await_.Seen(s.cd is None, await_.still_there(s.cd_ref, s.cd) if s.cd is not None else "gone")
 
-    await_.wait(awaited=f"NVIDIA {snap.cd_ref} to be deleted",
-                observe=lambda: dataclasses.replace(snap, cd=cd._get(client, NVIDIA_CD, name, ns)),
-                condition=await_.Condition("deleted", gone), deadline=deadline,
-                poll=getattr(p, "poll", None) or await_.POLL, on_progress=p._on_progress())
+    ctx.wait(awaited=f"NVIDIA {snap.cd_ref} to be deleted",
+             observe=lambda: dataclasses.replace(snap, cd=get(client, NVIDIA_CD, name, ns)),
+             condition=await_.Condition("deleted", gone), deadline=deadline)

@@ -42,7 +42,7 @@ from pulumi.dynamic import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nvlfabric.api import errors as api_errors
-from nvlfabric.api.names import DNS_LABEL, RACK_FIELD_MANAGER_PREFIX
+from nvlfabric.api.names import DNS_LABEL, DNS_LABEL_MAX, RACK_FIELD_MANAGER_PREFIX
 from nvlfabric.kube.errors import api_call
 from nvlfabric.provider import host, kube
 
@@ -55,7 +55,7 @@ class RackNodesArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rack: str = Field(pattern=DNS_LABEL, max_length=63, description="the rack's name")
+    rack: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="the rack's name")
     manager: str = Field(min_length=1, max_length=128, description="the field manager its fields are applied with")
     nodes: list[str] = Field(description="the Nodes to label (those that exist)")
     labels: dict[str, str] = Field(description="labels every node gets")

@@ -24,6 +24,7 @@ from nvlfabric.provider.await_ import (
     Snapshot,
     all_of,
     readiness,
+    retry,
     wait,
 )
 from nvlfabric.provider.errors import AwaitFailed, AwaitTimeout
@@ -299,6 +300,74 @@ def test_progress_is_reported_when_what_is_seen_changes() -> None:
     assert len(lines) == 2
     assert lines[0].startswith("waiting for ComputeDomain ml/train to be Ready: phase Allocating; 3 of 4 nodes ready")
     assert "4 of 4 nodes ready" in lines[1]
+
+
+def _unavailable(delay_s: float | None = None) -> ServerError:
+    return ServerError(action="create ComputeDomain ml/train", code=503, reason="ServiceUnavailable",
+                       message="etcd leader changed", delay_s=delay_s)
+
+
+def test_retry_backs_off_as_wait_does_and_takes_the_servers_delay() -> None:
+    clock = ManualClock()
+    lines: list[str] = []
+    failures = iter([_unavailable(), _unavailable(delay_s=3.0), _unavailable()])
+
+    def flaky() -> str:
+        for exc in failures:
+            raise exc
+        return "made"
+
+    assert retry(flaky, deadline=Deadline.after(60, clock=clock), poll=Poll(initial_s=0.5, max_s=2, factor=2),
+                 on_progress=lines.append) == "made"
+    assert clock.sleeps == [0.5, 3.0, 2.0]  # the back-off goes on beneath the server's Retry-After
+    assert lines == ["create ComputeDomain ml/train: etcd leader changed (503 ServiceUnavailable); trying again "
+                     "until the timeout (60 s)"]  # once per kind of failure, not every try
+
+
+def test_retry_raises_the_last_temporary_error_at_the_deadline_and_a_permanent_one_at_once() -> None:
+    clock = ManualClock()
+
+    def down() -> str:
+        raise _unavailable()
+
+    with pytest.raises(ServerError):
+        retry(down, deadline=Deadline.after(1, clock=clock))
+    assert clock.now == 1 and sum(clock.sleeps) == 1
+
+    def forbidden() -> str:
+        raise Forbidden(action="create ComputeDomain ml/train", code=403, reason="Forbidden", message="no")
+
+    clock = ManualClock()
+    with pytest.raises(Forbidden):
+        retry(forbidden, deadline=Deadline.after(60, clock=clock))
+    assert clock.sleeps == []
+
+
+def test_a_verdict_can_end_the_wait_with_its_own_error_and_word_its_own_progress() -> None:
+    looks = iter([("", False), ("2 departing", False), ("2 departing", False), ("one stays", True)])
+    lines: list[str] = []
+
+    def check(look: tuple[str, bool]) -> Seen:
+        line, refused = look
+        if refused:
+            return Seen(False, "refused", fatal=True, error=KeyError("in use"))
+        return Seen(False, "waiting", progress=line)
+
+    with pytest.raises(KeyError):
+        wait(awaited="x", observe=lambda: next(looks), condition=Condition("c", check),
+             deadline=Deadline.after(60, clock=ManualClock()), on_progress=lines.append)
+    assert lines == ["2 departing"]  # "" says nothing; a line already said is not said again
+
+
+def test_a_wait_can_leave_temporary_errors_to_its_caller() -> None:
+    def down() -> Snapshot:
+        raise _unavailable()
+
+    clock = ManualClock()
+    with pytest.raises(ServerError):
+        wait(awaited="x", observe=down, condition=readiness(AwaitFor.ACCEPTED),
+             deadline=Deadline.after(60, clock=clock), retried=())
+    assert clock.sleeps == []
 
 
 def test_the_system_clock_really_moves() -> None:

@@ -32,7 +32,7 @@ from nvlfabric.api import errors as api_errors
 from nvlfabric.api import names
 from nvlfabric.codegen import crdgen
 from nvlfabric.kube import errors as kube_errors
-from nvlfabric.provider import errors
+from nvlfabric.provider import await_, errors, host, nvidiadomain
 from nvlfabric.provider.await_ import ManualClock
 from nvlfabric.provider.computedomain import (
     CD,
@@ -259,6 +259,18 @@ def test_provider_pickles_by_reference_without_a_client() -> None:
     data = dill.dumps(prov, recurse=True)
     assert b"nvlfabric.provider.computedomain" in data and len(data) < 400
     assert ComputeDomainProvider.serialize_as_secret_always is False
+
+
+def test_a_provider_from_an_older_state_waits_with_the_defaults() -> None:
+    """Until the await settings were class attributes, __init__ set them to None (meaning the
+    default), and states hold the provider pickled so."""
+    import dill
+
+    old = ComputeDomainProvider()
+    old.__dict__.update(kubeconfig=None, clock=None, poll=None, on_progress=None)
+    loaded = dill.loads(dill.dumps(old, recurse=True))
+    assert loaded.clock is await_.SYSTEM_CLOCK and loaded.poll == await_.POLL and loaded.on_progress is host.progress
+    assert loaded.controller_grace_s == nvidiadomain.CONTROLLER_GRACE_S and loaded.kubeconfig is None
 
 
 # -- against the real API server ---------------------------------------------------------------------
@@ -675,8 +687,6 @@ def test_the_resource_type_token() -> None:
 def test_in_the_dynamic_provider_host_our_errors_are_their_message_and_others_keep_their_traceback() -> None:
     import traceback
     import types
-
-    from nvlfabric.provider import host
 
     main = types.SimpleNamespace(_abort_with_traceback=lambda fn: fn, traceback=traceback)
     assert host.install(main) and host.install(main)  # idempotent

@@ -10,7 +10,8 @@ import traceback
 import pytest
 
 from nvlfabric.api import errors
-from nvlfabric.provider.computedomain import ComputeDomainProvider, _plain_errors
+from nvlfabric.provider.computedomain import ComputeDomainProvider
+from nvlfabric.provider.host import plain_errors
 
 
 def _deep(n: int) -> None:
@@ -25,9 +26,9 @@ def _deep(n: int) -> None:
 
 def test_our_errors_reach_the_engine_as_a_few_lines_ending_in_the_message() -> None:
     with pytest.raises(errors.NotFound):  # the same error, for callers that tell errors apart
-        _plain_errors(_deep)(20)
+        plain_errors(_deep)(20)
     try:
-        _plain_errors(_deep)(20)
+        plain_errors(_deep)(20)
     except errors.NotFound:
         printed = traceback.format_exc()
     lines = printed.strip().splitlines()
@@ -42,7 +43,7 @@ def test_a_bug_keeps_its_whole_traceback() -> None:
         raise ZeroDivisionError("a bug of ours")
 
     try:
-        _plain_errors(buggy)()
+        plain_errors(buggy)()
     except ZeroDivisionError:
         assert "in buggy" in traceback.format_exc()
 
