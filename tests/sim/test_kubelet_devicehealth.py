@@ -6,9 +6,16 @@ tests/e2e/test_fabric_health.py."""
 from __future__ import annotations
 
 from lightkube.resources.core_v1 import Pod
-from nvlfabric.sim.kubelet.devicehealth import HEALTHY, UNHEALTHY, UNKNOWN, HealthCache, Reported, allocated_resources_status
 
 from nvlfabric.api.kubelet.types import PreparedDevice
+from nvlfabric.sim.kubelet.devicehealth import (
+    HEALTHY,
+    UNHEALTHY,
+    UNKNOWN,
+    HealthCache,
+    Reported,
+    allocated_resources_status,
+)
 
 DRIVER = "channel.nvlfabric.io"
 POOL = "clique-x.1"
