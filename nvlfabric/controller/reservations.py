@@ -1,71 +1,33 @@
-"""Reserve a domain's shared channel claim for its pending pods, many in one write.
+"""Reserve a domain's shared channel claim for its pending pods, many in one write, and lift their
+scheduling gates (the why, and what it measured: docs/architecture.md, "Many pods on one claim").
 
-Why: kube-scheduler adds each pod to a claim's `status.reservedFor` in PreBind, one GET + PUT per
-pod from the pod's own binding goroutine. The pods of one Job bind together, race on the one
-shared channel claim, lose with 409 Conflict five times in a row and wait out the pod back-off
-(docs/architecture.md, "Many pods on one claim start slowly"). A pod that is already in
-`reservedFor` skips that write. So once a channel claim is allocated (its first pod scheduled),
-this adds every pending pod that uses the claim to `reservedFor` in one JSON patch of the claim's
-status: a `test` of `metadata.uid` (only the claim we looked at) and one `add` at the end of the
-list per pod. Appending needs no resourceVersion, so the scheduler's own writes do not make it
-conflict; when the scheduler reserved one of the pods meanwhile the API server refuses the
-duplicate, and the pass reads the claim again and retries. Not a strategic-merge patch, though
-`reservedFor` merges by UID: the API server turns the claim into a map and back for one, which
-re-orders the keys of the opaque channel config in `status.allocation`, and the unchanged
-allocation then fails validation as "field cannot be modified once set" (1.37).
+The rules (their pure half is reservationplan.py; this module reads the watches and writes):
+- Once a channel claim is allocated, every pending pod that names it is added to its
+  `status.reservedFor` in one JSON patch: a `test` of `metadata.uid`, then one `add` at the end of
+  the list per pod (no resourceVersion, so the scheduler's writes do not conflict with it; a
+  duplicate the scheduler wrote meanwhile is refused, and the pass reads the claim and retries).
+  Not a strategic-merge patch: it re-orders the opaque config in `status.allocation`, which then
+  fails validation as modified.
+- Safe to reserve: a pod of the claim's namespace naming it in `spec.resourceClaims`, not bound,
+  not being deleted, not finished; at most 256 entries (`ResourceClaimReservedForMaxSize`); a claim
+  whose `reservedFor` is empty is about to be deallocated and left alone. Only channel claims (from
+  nvlfabric's clique pools) are reserved.
+- Gates (`nvlfabric.io/channel-reservation`, BoundJob adds it): the pioneer (the oldest gated pod of
+  a claim not allocated yet, with no ungated user) goes first, with `nodeSelector` pinning it to a
+  clique where the whole group fits and a channel is free (placement.py; the group's demand is
+  its `nvlfabric.io/group-size`); every other pod once the claim watch shows it in `reservedFor`
+  of each allocated channel claim it names (the scheduler reads the claim from its informer), or
+  after WATCH_SEEN_S without. No clique has room: the pods stay gated, with a Warning Event on the
+  claim and the first pod naming the largest room, re-checked every pass.
+- A domain's claim is also reserved for the domain itself (`api.hold_consumer`), so a workload
+  that recreates all its pods keeps its claim, clique and channel; the hold gives way to pods and
+  to deletion.
+- Pods Kubernetes schedules as a gang (`spec.schedulingGroup`) are not reserved or placed here;
+  a gated one in a multi-clique job only gets its rank written.
 
-Reserving after the fact still leaves a race: a pod whose scheduling cycle began before the
-patch landed carries a copy of the claim without itself, and its PreBind appends a duplicate,
-which the API server refuses; the pod fails once and waits out a back-off. Pods that carry the
-scheduling gate `nvlfabric.io/channel-reservation` (BoundJob adds it) avoid even that: the
-scheduler leaves them alone until this lifts the gate, which it does
-- for one pod (the oldest) of a claim that is not allocated yet and has no ungated pending user:
-  the pioneer, whose scheduling allocates the claim;
-- for every other pod once it is in the reservedFor of each allocated channel claim it names, as
-  the claim watch shows it: the scheduler reads the claim from its own informer, and a pod let
-  through on the strength of our write's answer alone can reach its scheduling cycle before that
-  informer has the write (a FailedScheduling "add reservation to claim": its PreBind appends the
-  pod again and the API server refuses the duplicate).
-
-What is safe to reserve: a pod in the claim's namespace that names the claim in
-`spec.resourceClaims[].resourceClaimName`, is not yet bound to a node, is not being deleted and
-has not finished. kube-controller-manager's resourceclaim controller keeps the entry of a pod
-that exists and removes it when the pod is deleted or done, as it does for the scheduler's own.
-At most 256 entries (the API's `ResourceClaimReservedForMaxSize`); further pods wait (gated ones
-stay gated) until a reservation frees. A claim whose `reservedFor` is empty is left alone: it is
-about to be deallocated.
-
-Only channel claims are reserved: claims whose allocation came from nvlfabric's clique pools.
-
-A claim of a ComputeDomain is also reserved for the domain itself (`api.hold_consumer`, added with
-the first reservation written here, or alone once the scheduler has reserved the first pod): the
-resourceclaim controller deallocates a claim whose last consumer went, and without the hold a
-workload that recreates all its pods (a JobSet restart, an LWS group restart) lost its channel and
-clique between its old pods and its new ones. The hold keeps the allocation while the domain and
-claim exist, so the new pods are reserved on the same claim, land in the same clique and get the
-same channel. It gives way to pods (a claim's 256 consumers are the pods' first: a 256-pod group
-has none) and to deletion: a claim being deleted has it released, here and by the provider's
-delete (nvlfabric/provider/computedomain.py). It holds a channel, not GPUs: a restarted group
-whose nodes another job took meanwhile waits for room in its clique.
-
-Pods Kubernetes schedules as a gang (`spec.schedulingGroup`, BoundJob's `scheduler: kubernetes`)
-are not reserved or placed here: their claims are reserved for their PodGroup and kube-scheduler
-places the group. Such a pod carries the gate only when it is in a multi-clique job, for its rank:
-its gate lifts at once with the rank written.
-
-Where the pioneer goes (placement.py): before its gate lifts, the pioneer gets
-`nodeSelector: {nvlfabric.io/clique: X}` for a clique X where every pod of the claim fits at once
-and a channel is free, so the claim, and with it the whole group, lands there and not wherever a
-first pod happened to find a free GPU. The group's demand is its `nvlfabric.io/group-size`
-annotation (BoundJob sets it), known from its first pod, so it is placed at once and holds that
-room while the rest are created (without it: once no new user came for SETTLE_S). No clique has
-room: the pods stay gated, and a Warning Event on the claim and on the first pod names the
-largest room there is (re-checked every pass, so freed room is used).
-
-The watches: unbound pods (field selector `spec.nodeName=`, so a busy cluster's running pods
-cost nothing) and resource claims; every change marks its claim for a pass, a short pause before
-each pass lets a Job controller's burst of pod creations go out as one patch, and claims with
-gated users are looked at again every few seconds (level-based, so a lost event only delays).
+The watches: unbound pods (`spec.nodeName=`) and resource claims; every change marks its claim for
+a pass, a short pause before each pass lets a burst of pod creations go out as one patch, and claims
+with gated users are looked at again every few seconds (level-based, so a lost event only delays).
 """
 
 from __future__ import annotations
