@@ -1,7 +1,7 @@
 """nvlfabric's Pulumi components: the driver install, NVL72 racks, ComputeDomains, bound workloads."""
 
 from nvlfabric.components import shutdown
-from nvlfabric.components._args import ComponentArgsError
+from nvlfabric.components.args import ComponentArgsError
 from nvlfabric.components.computedomain import ComputeDomain, ComputeDomainArgs
 from nvlfabric.components.driver import NvlfabricDriver, NvlfabricDriverArgs
 from nvlfabric.components.rack import Nvl72Rack, Nvl72RackArgs

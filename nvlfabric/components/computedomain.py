@@ -18,10 +18,10 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names
-from nvlfabric.api.names import DNS_LABEL, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
+from nvlfabric.api.names import DNS_LABEL, DNS_LABEL_MAX, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
 from nvlfabric.api.nvidia import BACKEND_CONFIG, NVIDIA_LIMITS, Backend, NvidiaDomainSpec
 from nvlfabric.components import program, served
-from nvlfabric.components._args import ComponentArgsError, labels, validate
+from nvlfabric.components.args import ComponentArgsError, labels, validate
 from nvlfabric.provider.await_ import AwaitFor
 from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
 
@@ -31,7 +31,7 @@ class _DomainArgs(BaseModel):
 
     name: str = Field(pattern=DNS_LABEL, max_length=57,
                       description="a DNS label of at most 57 characters (the claim is <name>-channel)")
-    namespace: str = Field("default", pattern=DNS_LABEL, max_length=63,
+    namespace: str = Field("default", pattern=DNS_LABEL, max_length=DNS_LABEL_MAX,
                            description="the namespace of the domain, its claim and its workloads (a DNS label)")
     backend: Backend = Field(Backend.NVLFABRIC,
                              description="'nvlfabric' (nvlfabric's driver) or 'nvidia' (NVIDIA's DRA driver, already "

@@ -23,7 +23,7 @@ from nvlfabric.api import names
 from nvlfabric.api.computedomain import IMEXAuthentication, IMEXMode
 from nvlfabric.api.names import COMPONENT_LABEL
 from nvlfabric.components import program
-from nvlfabric.components._args import PART_OF, validate
+from nvlfabric.components.args import PART_OF, validate
 
 _ABS_PATH = r"^/[^\s]*$"
 # [registry host[:port]/]path[:tag][@sha256:digest], as container image references are written.

@@ -39,7 +39,7 @@ from pulumi.runtime.rpc import ResourceModule, register_resource_module
 from pydantic.alias_generators import to_camel
 
 from nvlfabric.components import served
-from nvlfabric.components._args import ComponentArgsError
+from nvlfabric.components.args import ComponentArgsError
 from nvlfabric.components.computedomain import ComputeDomain
 from nvlfabric.components.schema import BY_TOKEN, MODULE, PACKAGE, Exposed, package_schema, token, version
 

@@ -9,7 +9,8 @@ A registry per program run holds exactly what that run declared so far:
 - the taints of the declared racks: workloads declared after a rack tolerate its taints; a rack
   whose taint a workload declared before it does not tolerate is refused, naming both;
 - the declared racks' capacity (capacity.py), and the cluster's racked Nodes as the first rack
-  read them (each rack reads only what that one list lacks).
+  read them (each rack reads only what that one list lacks);
+- what the cluster answered about the APIs it serves (clusterprobes.py), asked once per run.
 Checked both ways (a domain declared before the driver is judged when the driver comes).
 
 Which run: a program run by the CLI is a process of its own, but the Automation API runs an inline
@@ -30,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import pulumi
 
-from nvlfabric.components._args import ComponentArgsError
+from nvlfabric.components.args import ComponentArgsError
 
 if TYPE_CHECKING:
     from nvlfabric.components.capacity import DeclaredRack
+    from nvlfabric.provider.scheduling import WorkloadApis
 
 
 @dataclass
@@ -49,6 +51,10 @@ class Declared:
     rack_nodes: dict[str, Any] | None = None
     """The cluster's racked Nodes (labelled nvlfabric.io/rack) by name, listed once per run by the
     first rack that reads its Nodes (rack.py): 64 racks read 1,152 Nodes with one request."""
+    served: dict[tuple[str, str, str, str], bool | None] = field(default_factory=dict)
+    """(kubeconfig source, namespace, apiVersion, kind) → whether the cluster serves it (None: unreadable)."""
+    scheduling: dict[tuple[str, str], WorkloadApis | None] = field(default_factory=dict)
+    """(kubeconfig source, namespace) → the cluster's workload scheduling APIs (None: it has none)."""
 
 
 _RUNS: weakref.WeakKeyDictionary[pulumi.Resource, Declared] = weakref.WeakKeyDictionary()

@@ -25,9 +25,16 @@ from typing import Any, Literal
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nvlfabric.api.names import DNS_LABEL, EXPECTED_CLIQUE_LABEL, GPUS_PER_NODE, NODES_PER_CLIQUE, RACK_LABEL
+from nvlfabric.api.names import (
+    DNS_LABEL,
+    DNS_LABEL_MAX,
+    EXPECTED_CLIQUE_LABEL,
+    GPUS_PER_NODE,
+    NODES_PER_CLIQUE,
+    RACK_LABEL,
+)
 from nvlfabric.components import capacity, program, served
-from nvlfabric.components._args import ComponentArgsError, validate
+from nvlfabric.components.args import ComponentArgsError, validate
 from nvlfabric.provider import kube, racknodes, racks
 from nvlfabric.provider.racknodes import RackNodesArgs
 
@@ -37,7 +44,8 @@ class Taint(BaseModel):
 
     key: str = Field(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
                      description="a label-style key, e.g. nvidia.com/gpu")
-    value: str = Field("", max_length=63, description="the taint's value (may be empty)")
+    # Kubernetes limits a taint's value as a label value: a DNS label's length, not its pattern.
+    value: str = Field("", max_length=DNS_LABEL_MAX, description="the taint's value (may be empty)")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
         "NoSchedule", description="NoSchedule (default), PreferNoSchedule or NoExecute")
 
@@ -45,7 +53,8 @@ class Taint(BaseModel):
 class Nvl72RackArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=DNS_LABEL, max_length=63, description="the rack's name (a DNS label), e.g. rack-0")
+    name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX,
+                      description="the rack's name (a DNS label), e.g. rack-0")
     nodes: list[str] = Field(min_length=1, max_length=NODES_PER_CLIQUE,
                              description=f"the rack's Kubernetes node names, 1..{NODES_PER_CLIQUE} compute trays")
     expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",

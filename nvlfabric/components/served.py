@@ -76,7 +76,7 @@ class RackNodes(pulumi.CustomResource):
         super().__init__(RACK_NODES, resource_name, args.model_dump() | {"missing": None, "drift": None}, opts)
 
 
-def _type_of(urn: str) -> str:
+def type_of(urn: str) -> str:
     """`urn:pulumi:stack::project::parent$type::name` → `type`."""
     parts = urn.split("::")
     return parts[2].split("$")[-1] if len(parts) >= 4 else ""
@@ -92,7 +92,7 @@ class ResourceServicer(ProviderServicer):
         self._config: dict[str, Any] = {}
 
     def _provider(self, urn: str) -> ResourceProvider:
-        kind = _type_of(urn)
+        kind = type_of(urn)
         if kind not in PROVIDERS:
             raise NvlfabricError(f"{urn}: this package serves no resource of type {kind!r} "
                                  f"(only {', '.join(PROVIDERS)})")

@@ -41,7 +41,10 @@ STOPPED = ("the deployment stopped at the first error reported above; resources 
            "not problems of their own")
 
 
-def _quiet(original: Callable[[Any], Exception]) -> Callable[[Any], Exception]:
+def quiet(original: Callable[[Any], Exception]) -> Callable[[Any], Exception]:
+    """`original`, the SDK's conversion of a gRPC error, with a shut-down resource monitor made a
+    one-line `RunError` (`__wrapped__`: `original`, so that installing twice wraps once)."""
+
     def convert(exn: Any) -> Exception:
         try:
             shut = exn.code() == grpc.StatusCode.UNKNOWN and SHUT_DOWN in (exn.details() or "")
@@ -59,7 +62,7 @@ def install() -> None:
     program the engine runs without a traceback."""
     original = getattr(settings, "grpc_error_to_exception", None)
     if callable(original) and not hasattr(original, "__wrapped__"):
-        settings.grpc_error_to_exception = _quiet(original)  # type: ignore[assignment]
+        settings.grpc_error_to_exception = quiet(original)  # type: ignore[assignment]
     # Only in a program the Pulumi engine runs (not under tests' mocks, nor in a test runner that
     # reports Ctrl-C by its KeyboardInterrupt).
     if isinstance(settings.get_engine(), engine_pb2_grpc.EngineStub) and \

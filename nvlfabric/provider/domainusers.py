@@ -76,7 +76,7 @@ def wait_out_departing_users(ctx: Context, client: Client, snap: Snapshot, deadl
     deletion, or gone and only still listed in reservedFor), until `deadline`; refuse (`InUse`)
     while a user stays, once DEPARTING_SETTLE_S have given the garbage collector time to mark
     the pods of a workload deleted just before (BoundJob's Job and StatefulSet are deleted in
-    the background and not awaited: see nvlfabric/components/workload.py)."""
+    the background and not awaited: see nvlfabric/components/workloadmanifests.py, NOT_AWAITED)."""
     settled_at = ctx.clock.monotonic() + DEPARTING_SETTLE_S
     template = snap.claim_kind == "ResourceClaimTemplate"
 

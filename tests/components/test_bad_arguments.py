@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, program, workload
-from nvlfabric.components._args import ComponentArgsError, validate
+from nvlfabric.components import BoundJob, ComputeDomain, Nvl72Rack, NvlfabricDriver, clusterprobes, program, workload
+from nvlfabric.components.args import ComponentArgsError, validate
 from nvlfabric.components.computedomain import ComputeDomainArgs
 from nvlfabric.components.driver import NvlfabricDriverArgs
 from nvlfabric.components.rack import Nvl72RackArgs
@@ -46,7 +46,7 @@ class _Mocks(pulumi.runtime.Mocks):
 def mocks(monkeypatch: pytest.MonkeyPatch) -> _Mocks:
     m = _Mocks()
     pulumi.runtime.set_mocks(m, preview=True)
-    monkeypatch.setattr(workload, "_probed", lambda source, namespace: None)  # no cluster scheduling here
+    monkeypatch.setattr(clusterprobes, "scheduling_apis", lambda namespace: None)  # no cluster scheduling here
     return m
 
 
@@ -160,7 +160,6 @@ def test_a_jobset_where_the_cluster_serves_no_jobset_warns_at_preview_and_stops_
     to install it; `up` stops before creating anything of the job; told what installs JobSet
     (depends_on), the component trusts it."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-    monkeypatch.setattr(workload, "_served", {})
     pulumi.runtime.set_mocks(_Mocks(), preview=preview)
     warned: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))
@@ -189,7 +188,6 @@ def test_a_jobset_where_the_cluster_serves_no_jobset_warns_at_preview_and_stops_
 def test_a_queue_name_where_the_cluster_serves_no_kueue_warns_at_preview_and_stops_up(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch, preview: bool) -> None:
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-    monkeypatch.setattr(workload, "_served", {})
     pulumi.runtime.set_mocks(_Mocks(), preview=preview)
     warned: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))

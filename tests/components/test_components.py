@@ -94,7 +94,7 @@ def test_rack_args() -> None:
 
 
 def test_a_kubelet_root_too_long_for_the_keepers_socket_fails_naming_it() -> None:
-    from nvlfabric.components._args import validate
+    from nvlfabric.components.args import validate
     with pytest.raises(ComponentArgsError) as err:
         validate(NvlfabricDriverArgs, "NvlfabricDriver", "d", {"kubelet_root": "/" + "k" * 80})
     msg = str(err.value)
@@ -102,7 +102,7 @@ def test_a_kubelet_root_too_long_for_the_keepers_socket_fails_naming_it() -> Non
 
 
 def test_unknown_argument_is_named() -> None:
-    from nvlfabric.components._args import validate
+    from nvlfabric.components.args import validate
     with pytest.raises(ComponentArgsError) as err:
         validate(NvlfabricDriverArgs, "NvlfabricDriver", "d", {"imagee": "x"})
     assert "imagee: unknown argument; valid ones are image, driver_root" in str(err.value)

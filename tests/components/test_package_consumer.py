@@ -382,5 +382,5 @@ def test_a_typescript_project_adds_the_package_and_runs_a_bound_job(api: Cluster
 
 def test_the_served_object_is_found_by_its_urns_type() -> None:
     urn = "urn:pulumi:test::consumer::nvlfabric:index:ComputeDomain$nvlfabric:kubernetes:ComputeDomain::pretrain"
-    assert served._type_of(urn) == served.COMPUTE_DOMAIN and served.COMPUTE_DOMAIN in served.PROVIDERS
-    assert served._type_of("not-a-urn") == ""
+    assert served.type_of(urn) == served.COMPUTE_DOMAIN and served.COMPUTE_DOMAIN in served.PROVIDERS
+    assert served.type_of("not-a-urn") == ""

@@ -1,5 +1,5 @@
 """BoundJob's objects when Kubernetes schedules the job (pure), and how the component decides who
-schedules it (`scheduler`), with what the cluster says replaced by `_probed`'s answers."""
+schedules it (`scheduler`), with what the cluster says replaced by `clusterprobes.scheduling_apis`'s answers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pulumi
 import pytest
 
 from nvlfabric.api.names import CLIQUE_LABEL, RESERVATION_GATE
-from nvlfabric.components import BoundJob, ComputeDomain, workload
-from nvlfabric.components._args import ComponentArgsError
+from nvlfabric.components import BoundJob, ComputeDomain, clusterprobes, workload
+from nvlfabric.components.args import ComponentArgsError
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.provider.scheduling import WorkloadApis
 
@@ -95,12 +95,12 @@ class _Mocks(pulumi.runtime.Mocks):
 
 def _resolve(monkeypatch: pytest.MonkeyPatch, found: WorkloadApis | Exception | None, *, cliques: int = 1,
              scheduler: str = "auto") -> BoundJob:
-    def probed(source: str, namespace: str) -> WorkloadApis | None:
+    def probed(namespace: str) -> WorkloadApis | None:
         if isinstance(found, Exception):
             raise found
         return found
 
-    monkeypatch.setattr(workload, "_probed", probed)
+    monkeypatch.setattr(clusterprobes, "scheduling_apis", probed)
     pulumi.runtime.set_mocks(_Mocks(), preview=True)
     spec = {"numNodes": 2 * cliques, **({"placement": {"scope": "MultiClique", "cliques": cliques}}
                                         if cliques > 1 else {})}
@@ -159,7 +159,7 @@ def test_a_bad_scheduler_is_named() -> None:
 def test_a_job_of_576_one_gpu_pods_over_8_racks_is_one_boundjob() -> None:
     """The reservedFor limit (256) is per claim, and a MultiClique domain has a claim per group: a
     576-GPU job of 1-GPU pods (72 per rack) used to be refused for the whole job's size."""
-    from nvlfabric.components._args import validate
+    from nvlfabric.components.args import validate
     from nvlfabric.components.workload import BoundJobArgs
 
     tpl = {"spec": {"containers": [{"name": "w", "image": "registry.invalid/w:1"}]}}

@@ -36,7 +36,7 @@ def _original(exn: Any) -> Exception:
 
 
 def test_a_shut_down_monitor_is_a_one_line_run_error_and_every_other_error_is_left_alone() -> None:
-    convert = shutdown._quiet(_original)
+    convert = shutdown.quiet(_original)
     stopped = convert(_RpcError(grpc.StatusCode.UNKNOWN, "resource monitor shut down"))
     assert isinstance(stopped, RunError) and str(stopped) == shutdown.STOPPED
     other = convert(_RpcError(grpc.StatusCode.UNKNOWN, "invalid resource URN"))
