@@ -31,8 +31,8 @@ from nvlfabric.review import impact, markdown, preview
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
-from tests.provider.test_preview_golden import check
-from tests.provider.test_preview_golden import normalise as _normalise
+from tests.support.golden import check
+from tests.support.golden import normalise as _normalise
 from tests.support.nvidia_standin import nvidia_controller
 
 NS = "default"

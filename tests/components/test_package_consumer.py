@@ -21,14 +21,12 @@ import subprocess
 import sys
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 import yaml
-from lightkube import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -40,17 +38,13 @@ from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDrive
 from nvlfabric.components.pluginserver import NvlfabricProvider
 from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
-from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
+from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
 from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 from tests.conftest import Cluster
-from tests.support import installed
+from tests.support.consumer import PLUGIN, PLUGIN_ENTRY, gone, outside_the_checkout
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "nvlfabric" / "components" / "plugin"
 EXAMPLE = REPO / "examples" / "yaml-consumer"
-#: Where a consumer project keeps the plugin directory `python -m nvlfabric.components.plugin_dir` writes,
-#: as its committed `packages:` entry names it.
-PLUGIN_ENTRY = "./nvlfabric-plugin"
 CD_TOKEN = "nvlfabric:index:ComputeDomain"
 JOB_TOKEN = "nvlfabric:index:BoundJob"
 
@@ -138,66 +132,6 @@ def test_plugin_dir_writes_the_plugin_files_with_the_requirement_asked_for(tmp_p
 # -- end to end: pulumi package add, get-schema, preview, up, destroy ----------------------------
 
 
-@pytest.fixture(scope="module")
-def api(cluster: Cluster) -> Cluster:
-    """The ComputeDomain CRD installed and Established: the part of the driver install a
-    ComputeDomain needs on a control plane without nodes."""
-    install_crd(cluster.client)
-    return cluster
-
-
-def _gone(api: Cluster, res: Any, name: str) -> bool:
-    try:
-        api.client.get(res, name, namespace="default")
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return True
-        raise
-    return False
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel tests/support/installed.py builds and every distribution `nvlfabric[pulumi]` needs, fetched
-    once: what pip installs the plugin's virtualenv from, with no index (the CLI runs offline)."""
-    wheel = installed.wheel()
-    names = zipfile.ZipFile(wheel).namelist()
-    assert {f"nvlfabric/components/plugin/{f}" for f in plugin_dir.FILES} <= set(names), names
-    where = tmp_path_factory.mktemp("wheelhouse")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                           "--dest", str(where), f"nvlfabric[pulumi] @ {wheel.as_uri()}"],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"pip download: {proc.stdout}\n{proc.stderr}"
-    assert (where / wheel.name).exists()
-    return where
-
-
-def outside_the_checkout(proj: PulumiProject, wheelhouse: Path) -> Path:
-    """Writes the plugin directory into the consumer project (`python -m nvlfabric.components.plugin_dir`,
-    no virtualenv yet) and sets the project's environment as a machine without this checkout has it:
-    pip (run by the engine when it installs the plugin) takes nvlfabric and its dependencies from the
-    wheelhouse; the interpreter that makes the virtualenv is the base Python, not the checkout's
-    .venv, which leaves PATH. Returns the plugin directory."""
-    where = proj.workdir / PLUGIN_ENTRY
-    proc = subprocess.run([sys.executable, "-m", "nvlfabric.components.plugin_dir", str(where)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and not (where / "venv").exists(), proc.stderr
-    checkout_venv = Path(sys.prefix)
-    path = [p for p in proj.env["PATH"].split(os.pathsep) if p and not Path(p).is_relative_to(checkout_venv)]
-    proj.env["PATH"] = os.pathsep.join([path[0], str(Path(sys.base_prefix) / "bin"), *path[1:]])  # tools first
-    for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
-        proj.env.pop(key, None)
-    proj.env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), PIP_DISABLE_PIP_VERSION_CHECK="1")
-    # The `python3` on that PATH has no Pulumi, and the project names no virtualenv: the ComputeDomain's
-    # object is served by the plugin itself (nvlfabric.components.served), not by a dynamic provider
-    # the engine would start in the consumer's Python.
-    bare = subprocess.run(["python3", "-c", "import pulumi"], env=proj.env, capture_output=True, timeout=60)
-    assert bare.returncode != 0, "python3 on the consumer's PATH must not have Pulumi for this test to prove anything"
-    runtime = yaml.safe_load((proj.workdir / "Pulumi.yaml").read_text())["runtime"]
-    assert "virtualenv" not in (runtime.get("options") or {} if isinstance(runtime, dict) else {})
-    return where
-
-
 def added_with_its_own_virtualenv(plugin: Path) -> None:
     """`pulumi package add` created the plugin's virtualenv and installed the wheel's nvlfabric in it."""
     python = plugin / "venv" / "bin" / "python"
@@ -262,7 +196,7 @@ def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Tim
     if rack_node is not None:
         assert RACK_LABEL not in (api.client.get(Node, rack_node).metadata.labels or {})
     for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
-        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
+        eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: gone(api, r, n), timeout=60)
     print(f"timings (s): {timed.timings}")
 
 

@@ -26,15 +26,9 @@ import nvlfabric
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
 from nvlfabric.testbed.pulumi_cli import project_from_fixture
-from tests.components.test_package_consumer import (  # noqa: F401 (fixtures)
-    PLUGIN,
-    _gone,
-    api,
-    outside_the_checkout,
-    wheelhouse,
-)
 from tests.conftest import Cluster
 from tests.support import installed
+from tests.support.consumer import PLUGIN, gone, outside_the_checkout
 from tests.support.upgrade import KEPT_TYPES, golden, previous_release, steps_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
@@ -59,8 +53,8 @@ def plugin_version(plugin: Path) -> str:
 
 
 @pytest.mark.timeout(1500)
-def test_a_yaml_project_upgrades_its_plugin_and_keeps_its_domain(api: Cluster, tmp_path: Path,  # noqa: F811
-                                                                 wheelhouse: Path) -> None:  # noqa: F811
+def test_a_yaml_project_upgrades_its_plugin_and_keeps_its_domain(api: Cluster, tmp_path: Path,
+                                                                 wheelhouse: Path) -> None:
     version, ref = previous_release()
     old_wheel = installed.release_wheel(ref)
     fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
@@ -114,7 +108,7 @@ def test_a_yaml_project_upgrades_its_plugin_and_keeps_its_domain(api: Cluster, t
         (proj.workdir / "Pulumi.yaml").write_text(yaml.safe_dump(program, sort_keys=False))
         proj.run("up", "--yes", "--skip-preview", timeout=400)
         for res, name in ((CD, domain), (ResourceClaim, f"{domain}-channel"), (Job, domain)):
-            eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: _gone(api, r, n), timeout=60)
+            eventually(f"{res.__name__} {name} to be gone", lambda r=res, n=name: gone(api, r, n), timeout=60)
     finally:
         proj.run("destroy", "--yes", "--skip-preview", timeout=400, check=False)
         delete_nodes(api.client, [node])

@@ -46,11 +46,10 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.certificates_v1 import CertificateSigningRequest
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
@@ -62,22 +61,24 @@ from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.controller.reservationplan import PendingPod, pioneer_patch, reservation_patch
 from nvlfabric.provider.computedomain import channel_claim
-from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
+from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
 from tests.conftest import Cluster
+from tests.support.policies import (
+    POLICIES,
+    POLICY_EFFECTIVE_S,
+    denied,
+    install_driver_objects,
+    policy_in_effect,
+    remove_policies,
+)
 from tests.support.tenants import token_client
 
 pytestmark = pytest.mark.cluster
 NAMESPACE = names.NAMESPACE
 AGENT, CONTROLLER = "nvlfabric-agent", "nvlfabric-controller"
 DRIVER = names.DRIVER
-# What the tests install from driver.yaml: everything but the workloads (nothing would run them).
-INSTALL = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-           "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-POLICIES = ("nvlfabric-agent-own-node", "nvlfabric-controller-slices", "nvlfabric-controller-pods",
-            "nvlfabric-channel-claims", "nvlfabric-agent-certificates")
 FABRIC = "NVLinkFabricReady"  # the Node condition the agent owns
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
-POLICY_EFFECTIVE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,15 +96,6 @@ class Env:
                             manager=manager)
 
 
-def denied(action: Callable[[], Any]) -> str:
-    """Run an action that the admission policy must refuse; return the refusal's message."""
-    with pytest.raises(ApiError) as info:
-        action()
-    status = info.value.status
-    assert status.code == 403 and "ValidatingAdmissionPolicy" in (status.message or ""), (status.code, status.message)
-    return str(status.message)
-
-
 @contextlib.contextmanager
 def granted(env: Env, what: str, *rules: PolicyRule) -> Iterator[None]:
     """Temporarily grant the agent's service account more than its ClusterRole does."""
@@ -117,22 +109,6 @@ def granted(env: Env, what: str, *rules: PolicyRule) -> Iterator[None]:
     finally:
         env.admin.delete(ClusterRoleBinding, name)
         env.admin.delete(ClusterRole, name)
-
-
-def policy_in_effect(dry_run: Callable[[], Any]) -> str:
-    """Wait until a dry-run request the policy must refuse is refused by it (admitted, or refused by
-    RBAC, means: not in effect yet); the refusal's message."""
-    def refusal() -> str | None:
-        try:
-            dry_run()
-        except ApiError as exc:
-            message = exc.status.message or ""
-            if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
-                return message
-            if exc.status.code != 403:
-                raise
-        return None
-    return eventually("the admission policy to come into effect", refusal, timeout=POLICY_EFFECTIVE_S)
 
 
 def eventually_denied(action: Callable[[], Any]) -> str:
@@ -153,31 +129,6 @@ def eventually_denied(action: Callable[[], Any]) -> str:
 
 def label(client: Client, node: str, labels: dict[str, str | None]) -> Any:
     return client.patch(Node, node, {"metadata": {"labels": labels}})
-
-
-def install_driver_objects(admin: Client) -> None:
-    install_crd(admin)
-    eventually(f"namespace {NAMESPACE} not to be terminating (a previous run's deletion)",
-               lambda: _namespace_usable(admin))
-    for obj in codecs.load_all_yaml(manifests.read(manifests.DRIVER_FILE)):
-        if obj.kind in INSTALL:
-            admin.apply(obj, field_manager="nvlfabric-tests", force=True)
-
-
-def _namespace_usable(admin: Client) -> bool:
-    try:
-        ns = admin.get(Namespace, NAMESPACE)
-    except ApiError as exc:
-        return exc.status.code == 404
-    return ns.metadata is None or ns.metadata.deletionTimestamp is None
-
-
-def remove_policies(admin: Client) -> None:
-    for name in POLICIES:
-        with contextlib.suppress(ApiError):
-            admin.delete(ValidatingAdmissionPolicyBinding, name)
-        with contextlib.suppress(ApiError):
-            admin.delete(ValidatingAdmissionPolicy, name)
 
 
 @pytest.fixture(scope="module")

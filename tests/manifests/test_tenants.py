@@ -31,12 +31,7 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
-from tests.manifests.test_admission_policy import (
-    denied,
-    install_driver_objects,
-    policy_in_effect,
-    remove_policies,
-)
+from tests.support.policies import denied, install_driver_objects, policy_in_effect, remove_policies
 from tests.support.tenants import make_tenant
 
 pytestmark = pytest.mark.cluster

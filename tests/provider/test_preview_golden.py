@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import sys
 import uuid
 from pathlib import Path
@@ -23,25 +21,10 @@ from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import install_crd
 from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster
+from tests.support.golden import check, normalise
 
 pytestmark = [pytest.mark.cluster, pytest.mark.pulumi]
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "cd_stack"
-
-
-def normalise(text: str, suffix: str) -> str:
-    text = text.replace(suffix, "SUFFIX")
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    return "\n".join(line.rstrip() for line in text.strip().splitlines()) + "\n"
-
-
-def check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("NVLFABRIC_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"{path} is missing; run with NVLFABRIC_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), (f"`pulumi preview --diff` output changed; if intended, regenerate with "
-                                      f"NVLFABRIC_UPDATE_GOLDEN=1. Got:\n{text}")
 
 
 def test_preview_diff_shows_an_update_and_a_replace_with_their_reasons(cluster: Cluster, tmp_path: Path) -> None:
