@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                          "simulators on one machine do not collide")
     up.add_argument("--images", type=Path, default=None, metavar="FILE",
                     help="YAML mapping container images (no tag) to local programs the simulated nodes run: "
-                         "{images: {<image>: [entrypoint...] | {entrypoint: [...], cmd: [...]}}}; a container's "
+                         "{images: {<image>: [entrypoint...] | {entrypoint: [...], cmd: [...], files: {<image "
+                         "path>: <path here>}}}}; a container's "
                          "command and args apply as Kubernetes applies them (see nvlfabric/sim/images.py)")
     up.add_argument("--real-kubelets", type=int, default=0, metavar="N",
                     help="run the last N nodes with the real kubelet (built by `make tools`) against nvlfabric's "

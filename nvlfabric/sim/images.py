@@ -13,7 +13,17 @@ images:
   ghcr.io/example/exporter:               # or its ENTRYPOINT and CMD
     entrypoint: [/usr/local/bin/exporter]
     cmd: [--port=9100]
+  registry.example.com/gpu/driver:        # and the files the image holds, at their image paths
+    entrypoint: [/usr/bin/driver-plugin]
+    files:
+      /usr/bin/driver-plugin: /opt/build/driver-plugin   # image path: a file or directory here
+      /templates: /opt/build/templates
 ```
+
+An image's `files` are what a real image would carry (its binaries at their paths, templates,
+helper scripts): each is bound read-only into every container of the image at its image path,
+over the machine's file system that is otherwise each container's root, without touching the
+machine (rootfs.py); the container's volumes and CDI mounts go over them, as over an image.
 
 A reference with a tag (`registry.example.com/ml/train:2.1`) maps that tag alone, and wins over
 the reference without one: as a real node runs what each tag's image holds, one simulator can run
@@ -47,6 +57,18 @@ class ImageProgram(BaseModel):
 
     entrypoint: list[str] = Field(min_length=1, description="the program and its first arguments")
     cmd: list[str] = Field(default_factory=list, description="the default arguments (the image's CMD)")
+    files: dict[str, str] = Field(default_factory=dict, description=(
+        "image path → the file or directory on this machine the image holds there (both absolute)"))
+
+    @field_validator("files")
+    @classmethod
+    def _absolute(cls, files: dict[str, str]) -> dict[str, str]:
+        for target, source in files.items():
+            if not target.startswith("/") or target.rstrip("/") == "":
+                raise ValueError(f"{target!r}: an image path is absolute and not / itself (e.g. /usr/bin/tool)")
+            if not source.startswith("/"):
+                raise ValueError(f"{target}: {source!r} is not an absolute path on this machine")
+        return files
 
     def argv(self, command: list[str], args: list[str]) -> list[str]:
         """The process a container of this image runs, from its (expanded) command and args."""

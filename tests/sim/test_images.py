@@ -21,7 +21,16 @@ def test_a_file_maps_images_as_entrypoints_or_entrypoint_and_cmd_over_the_defaul
     got = images.load(f)
     assert got["registry.example.com/ml/train"] == ImageProgram(entrypoint=["/usr/bin/python3", "/srv/train.py"])
     assert got["ghcr.io/x/exporter"].cmd == ["--port=9100"]
+    assert got["ghcr.io/x/exporter"].files == {}
     assert got[AGENT_IMAGE].entrypoint == [sys.executable, "-m", "nvlfabric"]  # nvlfabric's own stays mapped
+
+
+def test_an_image_names_its_files_by_image_path(tmp_path: Path) -> None:
+    f = tmp_path / "images.yaml"
+    f.write_text("images:\n  ghcr.io/x/driver:\n    entrypoint: [/usr/bin/driver]\n"
+                 "    files: {/usr/bin/driver: /opt/build/driver, /templates: /opt/build/templates}\n")
+    assert images.load(f)["ghcr.io/x/driver"].files == {"/usr/bin/driver": "/opt/build/driver",
+                                                        "/templates": "/opt/build/templates"}
 
 
 def test_a_tag_maps_that_tag_alone_and_wins_over_the_untagged_name(tmp_path: Path) -> None:
@@ -43,6 +52,9 @@ def test_a_tag_maps_that_tag_alone_and_wins_over_the_untagged_name(tmp_path: Pat
     ("images:\n  ghcr.io/x/y: {entrypoint: []}\n", "images.ghcr.io/x/y"),
     ("images:\n  ghcr.io/x/y: {command: [/bin/y]}\n", "command"),
     ("imges: {}\n", "imges"),
+    ("images:\n  ghcr.io/x/y: {entrypoint: [/bin/y], files: {templates: /opt/t}}\n", "'templates': an image path"),
+    ("images:\n  ghcr.io/x/y: {entrypoint: [/bin/y], files: {/: /opt/root}}\n", "not / itself"),
+    ("images:\n  ghcr.io/x/y: {entrypoint: [/bin/y], files: {/t: opt/t}}\n", "/t: 'opt/t' is not an absolute"),
     ("images: [\n", "--images"),
 ])
 def test_a_bad_file_is_one_line_naming_the_entry(tmp_path: Path, text: str, words: str,

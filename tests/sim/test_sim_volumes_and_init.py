@@ -1,11 +1,13 @@
 """What a simulated kubelet gives a container besides its process: the files of its configMap,
-secret, downwardAPI and projected volumes as the kubelet writes them, and init containers run in
-order before the pod's containers (a failed one retried, the pod's containers waiting)."""
+secret, downwardAPI and projected volumes as the kubelet writes them, its image's files at their
+image paths, and init containers run in order before the pod's containers (a failed one retried,
+the pod's containers waiting)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -41,6 +43,8 @@ from tests.conftest import Cluster
 pytestmark = pytest.mark.cluster
 RACK = 95
 SHELL = "nvlfabric.test/shell"
+IMAGED = "nvlfabric.test/imaged"  # a shell image that also holds files (nvlfabric/sim/images.py)
+BROKEN = "nvlfabric.test/broken"  # ... one of which is not on this machine
 
 
 @contextlib.contextmanager
@@ -48,9 +52,19 @@ def one_node(cluster: Cluster, rack: int) -> Iterator[tuple[SimNode, subprocess.
     """A simulated kubelet process of one node whose shell image runs `/bin/sh -c <args>`."""
     state = Path(tempfile.mkdtemp(prefix="nvlv-", dir="/tmp"))
     log = (state / "kubelet.log").open("w")
+    held = state / "image"  # what IMAGED holds, as a build would have left it on this machine
+    (held / "templates").mkdir(parents=True)
+    (held / "templates" / "plugin.tmpl").write_text("kind: {{ .Kind }}\n")
+    (held / "helper.sh").write_text("#!/bin/sh\necho helper ran as $0\n")
+    (held / "helper.sh").chmod(0o755)
+    shell = ["/bin/sh", "-c"]
+    images = {SHELL: shell,
+              IMAGED: {"entrypoint": shell, "files": {"/templates": str(held / "templates"),
+                                                      "/usr/local/bin/nvlfabric-helper.sh": str(held / "helper.sh")}},
+              BROKEN: {"entrypoint": shell, "files": {"/templates": str(held / "not-built")}}}
     proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
                              str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1", "--first-rack",
-                             str(rack), "--images", f'{{"{SHELL}": ["/bin/sh", "-c"]}}'],
+                             str(rack), "--images", json.dumps(images)],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     (n,) = rack_nodes(state, 1, 1, first_rack=rack)
     try:
@@ -129,6 +143,33 @@ def test_volume_files_are_there_as_the_kubelet_writes_them(cluster: Cluster, nod
         assert out[11] == "default"  # the service-account volume's namespace file, from its downwardAPI source
     finally:
         _delete(cluster, (Pod, pod), (ConfigMap, cm), (Secret, secret))
+
+
+def test_an_images_files_are_at_their_image_paths_and_the_machine_keeps_its_own(
+        cluster: Cluster, node: SimNode) -> None:
+    """An image's files (its binaries, templates, helper scripts) are where the image has them, in
+    its containers only; one that is not on this machine is the pod's FailedSync event, naming it."""
+    client, suffix = cluster.client, uuid.uuid4().hex[:5]
+    pod, broken = f"img-{suffix}", f"imgx-{suffix}"
+    script = ("cat /templates/plugin.tmpl; /usr/local/bin/nvlfabric-helper.sh; test -w /templates || echo read-only; "
+              "echo done; sleep 300")
+    try:
+        client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+            nodeName=node.name, containers=[Container(name="c", image=f"{IMAGED}:1.0", args=[script])])))
+        client.create(Pod(metadata=ObjectMeta(name=broken, namespace="default"), spec=PodSpec(
+            nodeName=node.name, containers=[Container(name="c", image=BROKEN, args=["sleep 300"])])))
+        running = eventually("the pod to run its image's files", lambda: (
+            p if "done" in _log(node, p := client.get(Pod, pod, namespace="default"), "c") else None), timeout=60)
+        assert _log(node, running, "c").split("\n")[:4] == [
+            "kind: {{ .Kind }}", "helper ran as /usr/local/bin/nvlfabric-helper.sh", "read-only", "done"]
+        assert not Path("/templates").exists() and not Path("/usr/local/bin/nvlfabric-helper.sh").exists()
+        event = eventually("a FailedSync event", lambda: next(
+            (e for e in client.list(Event, namespace="default", fields={"involvedObject.name": broken})
+             if e.reason == "FailedSync"), None), timeout=30)
+        assert f"image {BROKEN}: its file /templates is " in (event.message or "")
+        assert "not-built on this machine, which does not exist" in (event.message or "")
+    finally:
+        _delete(cluster, (Pod, pod), (Pod, broken))
 
 
 def test_a_missing_config_map_fails_the_mount_and_the_pod_waits(cluster: Cluster, node: SimNode) -> None:

@@ -42,7 +42,7 @@ from nvlfabric.sim.cri import runtime_v1_pb2 as cri
 from nvlfabric.sim.cri import runtime_v1_pb2_grpc as cri_grpc
 from nvlfabric.sim.images import ImageProgram, program_for
 from nvlfabric.sim.kubelet import cdi
-from nvlfabric.sim.kubelet.processes import cdi_mounts_and_devices
+from nvlfabric.sim.kubelet.processes import cdi_mounts_and_devices, image_mounts
 
 RUNTIME_NAME = "nvlfabric-sim"
 RUNTIME_VERSION = "0.1.0"
@@ -266,7 +266,8 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
                   for m in config.mounts]
         work = self.s.work_dir / c.id
         work.mkdir(parents=True, exist_ok=True)
-        spec = {"root": str(work / "rootfs"), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": None,
+        spec = {"root": str(work / "rootfs"), "mounts": [*image_mounts(c.image, program), *mounts, *cdi_mounts],
+                "devices": devices, "hosts": None,
                 "cwd": config.working_dir or "/", "argv": argv, "env": c.env, "pidns": None,
                 "pid_file": str(work / "container.pid"), "cri_log": str(c.log_path), "shim": str(self.s.shim)}
         (work / "rootfs").mkdir(exist_ok=True)

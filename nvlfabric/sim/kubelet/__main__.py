@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="the last N racks are hollow: their DaemonSets' pods run nothing "
                          "(nvlfabric/sim/kubelet/hollow.py)")
     ap.add_argument("--images", default="{}", help='JSON: image (no tag) → its ENTRYPOINT (a list), or '
-                                                   '{"entrypoint": [...], "cmd": [...]}: run as a local process')
+                                                   '{"entrypoint": [...], "cmd": [...], "files": {...}}: run as a '
+                                                   'local process (nvlfabric/sim/images.py)')
     ap.add_argument("--pki-dir", type=Path, default=None,
                     help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
     ap.add_argument("--exclude", action="append", default=[], metavar="NODE",

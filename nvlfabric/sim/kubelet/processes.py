@@ -85,7 +85,7 @@ class PodProcess:
     def restart(self) -> PodProcess:
         """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
         new = launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
-                      container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
+                     container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
         new.restarts = self.restarts + 1
         new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
         return new
@@ -244,6 +244,16 @@ def cdi_mounts_and_devices(host_view: Callable[[str], Path], cdi: ContainerEdits
     return mounts, devices
 
 
+def image_mounts(image: str, program: ImageProgram) -> list[dict[str, Any]]:
+    """The image's files (images.py), read-only at their image paths; FileNotFoundError (the pod's
+    FailedSync event) naming the one that is not on this machine."""
+    for target, source in sorted(program.files.items()):
+        if not os.path.exists(source):
+            raise FileNotFoundError(f"image {image}: its file {target} is {source} on this machine, which does not "
+                                    "exist (nvlfabric-sim up --images)")
+    return [{"source": source, "target": target, "readonly": True} for target, source in sorted(program.files.items())]
+
+
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
                       files: dict[str, volumes.Files], shim: Path, extra_env: dict[str, str] | None = None,
                       cdi: ContainerEdits | None = None, pidns: str | None = None) -> PodProcess:
@@ -275,11 +285,12 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     cdi_mounts, devices = cdi_mounts_and_devices(node.host_view, cdi)
     mounts = [{"source": str(dirs[m.name] / (m.subPath or "")), "target": m.mountPath, "readonly": bool(m.readOnly)}
               for m in container.volumeMounts or [] if m.name in dirs]
+    image_files = image_mounts(container.image or "", program)
     hosts = pod_dir / "etc-hosts"
     hosts.write_text(hosts_file(pod, node))
     root = pod_dir / "rootfs" / container.name
     root.mkdir(parents=True, exist_ok=True)
-    spec = {"root": str(root), "mounts": [*mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
+    spec = {"root": str(root), "mounts": [*image_files, *mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
             "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim),
             "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia"))}
@@ -287,8 +298,8 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     spec_path.write_text(json.dumps(spec, indent=1))
     launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]
     return launch(pod_uid=pod.metadata.uid or "", pod_name=pod.metadata.name or "",
-                   namespace=pod.metadata.namespace or "default", container=container, argv=launcher, env=env,
-                   cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
+                  namespace=pod.metadata.namespace or "default", container=container, argv=launcher, env=env,
+                  cwd=pod_dir, log_path=pod_dir / f"{container.name}.log")
 
 
 def launch(*, pod_uid: str, pod_name: str, namespace: str, container: Container, argv: list[str],
