@@ -67,6 +67,7 @@ from tests.support.policies import (
     POLICIES,
     POLICY_EFFECTIVE_S,
     denied,
+    eventually_denied,
     install_driver_objects,
     policy_in_effect,
     remove_policies,
@@ -109,22 +110,6 @@ def granted(env: Env, what: str, *rules: PolicyRule) -> Iterator[None]:
     finally:
         env.admin.delete(ClusterRoleBinding, name)
         env.admin.delete(ClusterRole, name)
-
-
-def eventually_denied(action: Callable[[], Any]) -> str:
-    """Like `denied`, while a fresh RBAC grant may still be on its way (RBAC refuses until then)."""
-    def refusal() -> str | None:
-        try:
-            action()
-        except ApiError as exc:
-            message = exc.status.message or ""
-            if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
-                return message
-            if exc.status.code == 403:
-                return None  # RBAC, not updated yet
-            raise
-        raise AssertionError("the request was admitted")
-    return eventually("the admission policy to refuse the request", refusal, timeout=POLICY_EFFECTIVE_S)
 
 
 def label(client: Client, node: str, labels: dict[str, str | None]) -> Any:

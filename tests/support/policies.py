@@ -37,6 +37,17 @@ def denied(action: Callable[[], Any]) -> str:
     return str(status.message)
 
 
+def _refusal(exc: ApiError) -> str | None:
+    """The admission policy's refusal message; None for RBAC's 403 (a grant or policy on its way);
+    any other error raised again."""
+    message = exc.status.message or ""
+    if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
+        return message
+    if exc.status.code == 403:
+        return None
+    raise exc
+
+
 def policy_in_effect(dry_run: Callable[[], Any]) -> str:
     """Wait until a dry-run request the policy must refuse is refused by it (admitted, or refused by
     RBAC, means: not in effect yet); the refusal's message."""
@@ -44,13 +55,20 @@ def policy_in_effect(dry_run: Callable[[], Any]) -> str:
         try:
             dry_run()
         except ApiError as exc:
-            message = exc.status.message or ""
-            if exc.status.code == 403 and "ValidatingAdmissionPolicy" in message:
-                return message
-            if exc.status.code != 403:
-                raise
+            return _refusal(exc)
         return None
     return eventually("the admission policy to come into effect", refusal, timeout=POLICY_EFFECTIVE_S)
+
+
+def eventually_denied(action: Callable[[], Any]) -> str:
+    """Like `denied`, while a fresh RBAC grant may still be on its way (RBAC refuses until then)."""
+    def refusal() -> str | None:
+        try:
+            action()
+        except ApiError as exc:
+            return _refusal(exc)
+        raise AssertionError("the request was admitted")
+    return eventually("the admission policy to refuse the request", refusal, timeout=POLICY_EFFECTIVE_S)
 
 
 def install_driver_objects(admin: Client) -> None:
