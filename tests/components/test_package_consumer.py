@@ -34,14 +34,16 @@ from lightkube.resources.resource_v1 import ResourceClaim
 import nvlfabric
 from nvlfabric.api import computedomain as cdapi
 from nvlfabric.api.names import RACK_LABEL
-from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, served
+from nvlfabric.components import BoundJobArgs, ComputeDomainArgs, NvlfabricDriverArgs, plugin_dir, pluginserver, served
 from nvlfabric.components.pluginserver import NvlfabricProvider
 from nvlfabric.components.schema import BY_TOKEN, package_schema, version
 from nvlfabric.provider.computedomain import CD
 from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes
 from nvlfabric.testbed.pulumi_cli import OFFLINE, PulumiProject, project_from_fixture
 from tests.conftest import Cluster
+from tests.support import installed
 from tests.support.consumer import PLUGIN, PLUGIN_ENTRY, gone, outside_the_checkout
+from tests.support.upgrade import previous_release
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "yaml-consumer"
@@ -318,3 +320,14 @@ def test_the_served_object_is_found_by_its_urns_type() -> None:
     urn = "urn:pulumi:test::consumer::nvlfabric:index:ComputeDomain$nvlfabric:kubernetes:ComputeDomain::pretrain"
     assert served.type_of(urn) == served.COMPUTE_DOMAIN and served.COMPUTE_DOMAIN in served.PROVIDERS
     assert served.type_of("not-a-urn") == ""
+
+
+def test_a_plugin_directory_the_previous_release_wrote_starts_this_releases_server() -> None:
+    """A consumer's committed plugin directory outlives an upgrade of the wheel until it is written
+    anew: its entry point, as the previous release wrote it, must still reach the plugin server."""
+    _, ref = previous_release()
+    old = subprocess.run(["git", "-C", str(installed.REPO), "show", f"{ref}:nvlfabric/components/plugin/__main__.py"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    entry: dict[str, Any] = {"__name__": "previous_plugin_main"}  # not "__main__": import, do not serve
+    exec(compile(old, "previous release's plugin __main__.py", "exec"), entry)
+    assert entry["main"] is pluginserver.main
