@@ -68,8 +68,8 @@ class ChannelDriver:
         self._lock = threading.Lock()
         self.claims = PreparedClaims(paths, clock)
         self.status = StatusReporter(client, node)
-        self.imex = ImexSupervisor(client=client, node=node, workdir=paths.imex_workdir,
-                                   driver_root=paths.driver_root, status=self.status, keeper=imex_keeper)
+        self.imex = ImexSupervisor(client=client, workdir=paths.imex_workdir, driver_root=paths.driver_root,
+                                   status=self.status, keeper=imex_keeper)
         removed = cdi.remove_temp_files(paths.cdi_dir, paths.driver_root)
         removed_imex = imex.clean_workdir(paths.imex_workdir)
         if removed or removed_imex:
@@ -174,8 +174,7 @@ class ChannelDriver:
         keep the IMEX domains of prepared claims running; report what is owed."""
         with self._lock:
             if clique != self.node.clique:
-                node = NodeIdentity(self.node.name, self.node.address, clique)
-                self.status.node = self.imex.node = node
+                self.status.node = NodeIdentity(self.node.name, self.node.address, clique)
                 self.claims.forget_answers()  # re-validated against the new clique at their next prepare
             if not self._recovered:
                 try:

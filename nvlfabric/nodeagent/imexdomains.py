@@ -68,18 +68,22 @@ class _Target(NamedTuple):
 class ImexSupervisor:
     """The IMEX domains this agent uses, through the keeper (or as children, without one)."""
 
-    def __init__(self, *, client: Client, node: NodeIdentity, workdir: Path, driver_root: Path,
-                 status: StatusReporter, keeper: Path | None) -> None:
+    def __init__(self, *, client: Client, workdir: Path, driver_root: Path, status: StatusReporter,
+                 keeper: Path | None) -> None:
         """`keeper`: the IMEX keeper's socket, which runs the daemons (the agent's way: they outlive
         this process); None runs them as children of this process (tests)."""
         self.client = client
-        self.node = node
         self.workdir = workdir
         self.driver_root = driver_root
         self.status = status
         self.keeper = keeper
         self._domains: dict[str, imex.ImexDomain] = {}
         """The IMEX domains this process has used; with a keeper, handles on the keeper's daemons."""
+
+    @property
+    def node(self) -> NodeIdentity:
+        """This node, as its status reports it (one record: a clique change reaches both)."""
+        return self.status.node
 
     def _counted(self) -> None:
         metrics.IMEX_DOMAINS.set(len(self._domains))
