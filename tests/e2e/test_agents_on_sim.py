@@ -297,6 +297,9 @@ def test_an_agent_given_a_wrong_root_refuses_to_start_and_says_so_in_its_pod_sta
     ds["spec"]["selector"] = {"matchLabels": {"app.kubernetes.io/name": name}}
     ds["spec"]["template"]["metadata"]["labels"] = {"app.kubernetes.io/name": name}
     ds["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    # The agent is hostNetwork: a second one on the node would ask for the real one's host ports
+    # and stay Pending (the scheduler's NodePorts filter). The copy gets a network of its own.
+    ds["spec"]["template"]["spec"]["hostNetwork"] = False
     real = _agent_pods(client)[node]
     before = real.status.containerStatuses[0].restartCount
     client.create(DaemonSet.from_dict(ds))

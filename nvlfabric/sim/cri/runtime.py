@@ -189,6 +189,10 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         return cri.PodSandboxStatusResponse(status=cri.PodSandboxStatus(
             id=sb.id, metadata=sb.config.metadata, state=cri.SANDBOX_READY if sb.ready else cri.SANDBOX_NOTREADY,
             created_at=sb.created_at, network=cri.PodSandboxNetworkStatus(ip=self.s.pod_ip),
+            # The namespaces as asked: every sandbox here is in the node's network, so a pod's
+            # sandbox is what its spec wants whichever mode it asked for.
+            linux=cri.LinuxPodSandboxStatus(namespaces=cri.Namespace(
+                options=sb.config.linux.security_context.namespace_options)),
             labels=sb.config.labels, annotations=sb.config.annotations), timestamp=now_ns())
 
     async def ListPodSandbox(self, request: cri.ListPodSandboxRequest, context: Any) -> cri.ListPodSandboxResponse:

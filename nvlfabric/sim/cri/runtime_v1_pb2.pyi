@@ -280,8 +280,20 @@ class PodSandboxNetworkStatus(_message.Message):
     additional_ips: _containers.RepeatedCompositeFieldContainer[PodIP]
     def __init__(self, ip: _Optional[str] = ..., additional_ips: _Optional[_Iterable[_Union[PodIP, _Mapping]]] = ...) -> None: ...
 
+class Namespace(_message.Message):
+    __slots__ = ("options",)
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    options: NamespaceOption
+    def __init__(self, options: _Optional[_Union[NamespaceOption, _Mapping]] = ...) -> None: ...
+
+class LinuxPodSandboxStatus(_message.Message):
+    __slots__ = ("namespaces",)
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    namespaces: Namespace
+    def __init__(self, namespaces: _Optional[_Union[Namespace, _Mapping]] = ...) -> None: ...
+
 class PodSandboxStatus(_message.Message):
-    __slots__ = ("id", "metadata", "state", "created_at", "network", "labels", "annotations", "runtime_handler")
+    __slots__ = ("id", "metadata", "state", "created_at", "network", "linux", "labels", "annotations", "runtime_handler")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +313,7 @@ class PodSandboxStatus(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    LINUX_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -309,10 +322,11 @@ class PodSandboxStatus(_message.Message):
     state: PodSandboxState
     created_at: int
     network: PodSandboxNetworkStatus
+    linux: LinuxPodSandboxStatus
     labels: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
     runtime_handler: str
-    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[PodSandboxMetadata, _Mapping]] = ..., state: _Optional[_Union[PodSandboxState, str]] = ..., created_at: _Optional[int] = ..., network: _Optional[_Union[PodSandboxNetworkStatus, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., runtime_handler: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[PodSandboxMetadata, _Mapping]] = ..., state: _Optional[_Union[PodSandboxState, str]] = ..., created_at: _Optional[int] = ..., network: _Optional[_Union[PodSandboxNetworkStatus, _Mapping]] = ..., linux: _Optional[_Union[LinuxPodSandboxStatus, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., runtime_handler: _Optional[str] = ...) -> None: ...
 
 class PodSandboxStatusResponse(_message.Message):
     __slots__ = ("status", "info", "containers_statuses", "timestamp")
