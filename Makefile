@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GOTOOLCHAIN := local
 
-.PHONY: all venv bytecode tools nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
+.PHONY: all venv bytecode tools sysdeps nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
 
 all: tools venv
 
@@ -32,12 +32,17 @@ bytecode: $(STAMP)
 tools:
 	@$(PY) tools/build.py
 
+# Debian packages the simulator needs: OpenSSL 3 headers (the IMEX stand-in's TLS, nvlfabric/sim/imex)
+# and iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py).
+APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q
+sysdeps:
+	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null || { \
+		echo "[sysdeps] installing libssl-dev iproute2 (OpenSSL headers, the ip command)"; \
+		$(APT_INSTALL) libssl-dev iproute2 >/dev/null || \
+		{ apt-get update -q >/dev/null && $(APT_INSTALL) libssl-dev iproute2 >/dev/null; }; }
+
 # The C stand-ins for NVIDIA's closed parts (NVML library, IMEX daemon and ctl); seconds to build.
-nvml:
-	@# The IMEX stand-in's TLS (nvlfabric/sim/imex) links OpenSSL 3: its headers from Debian's libssl-dev.
-	@test -f /usr/include/openssl/ssl.h || { echo "[nvml] installing libssl-dev (OpenSSL headers for the IMEX stand-in)"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libssl-dev >/dev/null || \
-		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libssl-dev >/dev/null; }; }
+nvml: sysdeps
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/nvml OUT=$(abspath build/nvml)
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/imex OUT=$(abspath build/imex)
 
@@ -63,7 +68,7 @@ check: lint typecheck imports
 # stacks/dev then declares a JobSet-bound job too.
 ADDONS ?=
 
-sim-up: tools venv bytecode
+sim-up: tools venv bytecode sysdeps
 	@$(VENV)/bin/nvlfabric-sim up $(if $(ADDONS),--addons $(ADDONS))
 
 sim-down: venv

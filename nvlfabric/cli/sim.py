@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--workload-scheduling", action="store_true",
                     help="serve scheduling.k8s.io/v1alpha3 with Kubernetes 1.37's workload-scheduling gates on "
                          "(gang pod groups, a topology constraint, pod-group claims), as an opted-in cluster would")
+    up.add_argument("--pod-network", choices=["namespaced", "host"], default="namespaced",
+                    help="namespaced (default): each pod that is not hostNetwork gets a network namespace and an "
+                         "address of its own on a bridge, as on a real node, so pods of one machine may share a "
+                         "port; host: every pod shares its node's loopback address (see docs/other-drivers.md)")
     sub.add_parser("down", help="stop everything the simulator started")
     sub.add_parser("status", help="show what runs")
     sub.add_parser("env", help="print shell exports for kubectl/pulumi against the simulator")
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             cp.workload_scheduling = args.workload_scheduling
             cp.real_kubelets = args.real_kubelets
             cp.hollow_racks = args.hollow_racks
+            cp.pod_network = args.pod_network
             try:
                 cp.addons = addons.parse(args.addons)
             except ValueError as exc:

@@ -34,8 +34,9 @@ def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def generate(pki_dir: Path) -> str:
-    """Write ca.crt, apiserver.crt/.key, sa.key/.pub and tokens.csv; return the admin token."""
+def generate(pki_dir: Path, extra_ips: tuple[str, ...] = ()) -> str:
+    """Write ca.crt, apiserver.crt/.key, sa.key/.pub and tokens.csv; return the admin token.
+    `extra_ips`: more addresses the API server is reached at (the pod network's gateway)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=365))
@@ -59,6 +60,7 @@ def generate(pki_dir: Path) -> str:
         x509.DNSName("localhost"), x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"), x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+        *(x509.IPAddress(ipaddress.ip_address(a)) for a in extra_ips),
     ]
     srv_cert = (
         x509.CertificateBuilder()

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from nvlfabric.sim import addons, hardware, pki, processes, realnode
+from nvlfabric.sim import addons, hardware, pki, podnetwork, processes, realnode
 from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.kubelet import rootfs
 from nvlfabric.sim.nodes import GPUS_PER_NODE, NODES_PER_RACK, SimNode, rack_nodes, runtime_root
@@ -92,6 +92,8 @@ class State(BaseModel):
     real_kubelets: int = 0
     hollow_racks: int = 0
     addons: list[str] = []
+    pod_network: int | None = None
+    """The pod network this simulator holds (nvlfabric/sim/podnetwork.py); None: pods share their node's."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -130,6 +132,11 @@ class ControlPlane:
     addons: tuple[str, ...] = ()
     """Controllers to run beside the control plane (nvlfabric/sim/addons.py: "jobset"), with their
     CRDs, RBAC and webhooks; none by default, so a plain `up` costs what it did."""
+    pod_network: str = "namespaced"
+    """"namespaced": a pod that is not hostNetwork gets a network namespace and an address of its
+    own, as on a real node (nvlfabric/sim/podnetwork.py); "host": every pod shares its node's
+    loopback address (the simulator before 0.2: software that assumes it, e.g. an old release's
+    DaemonSets without hostNetwork)."""
     workload_scheduling: bool = False
     """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
     the scheduler and the controller manager alike, as a cluster that opted in would."""
@@ -228,14 +235,16 @@ class ControlPlane:
                 realnode.node_addresses(self.real_kubelets)
             self._check_ports()
             started = time.monotonic()
-            token = pki.generate(self.state_dir / "pki")
+            net = self._claim_pod_network()
+            token = pki.generate(self.state_dir / "pki", extra_ips=(net.gateway,) if net else ())
             self._write_kubeconfig(token)
             self.backend_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
                           racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
                           workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets,
-                          hollow_racks=self.hollow_racks, addons=list(self.addons))
+                          hollow_racks=self.hollow_racks, addons=list(self.addons),
+                          pod_network=net.index if net else None)
             try:
                 self._start_etcd(tools, state)
                 self._start_apiserver(tools, state)
@@ -251,10 +260,29 @@ class ControlPlane:
                     state.nodes_ready_s = round(time.monotonic() - started, 2)
             except BaseException:
                 self._stop_all(state)
+                podnetwork.release(self.state_dir)
                 self.state_file.unlink(missing_ok=True)
                 raise
             self._save_state(state)
             return True
+
+    def _claim_pod_network(self) -> podnetwork.PodNetwork | None:
+        # Also without racks: kubelets started beside the control plane (the tests') may use it.
+        if self.pod_network == "host":
+            return None
+        if self.pod_network != "namespaced":
+            raise ControlPlaneError(f"--pod-network {self.pod_network!r}: give namespaced or host")
+
+        def held(state_dir: Path) -> bool:  # its simulator runs, or an up/down works on it now
+            other = ControlPlane(state_dir)
+            return other.running() or _locked_elsewhere(other.state_dir / "controlplane.lock")
+
+        try:
+            net = podnetwork.claim(self.state_dir, held)
+        except podnetwork.PodNetworkError as exc:
+            raise ControlPlaneError(str(exc)) from None
+        self.progress(f"pod network {net.subnet} on bridge {net.bridge} (pods that are not hostNetwork)")
+        return net
 
     def _check_ports(self) -> None:
         for attr, flag in self.ports.flags().items():
@@ -312,7 +340,9 @@ class ControlPlane:
         self._launch(state, "kube-apiserver", [
             str(tools.binary("kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
-            "--bind-address=127.0.0.1", f"--secure-port={p.apiserver}", "--advertise-address=127.0.0.1",
+            # With a pod network, also its gateway's: where pods in namespaces of their own reach it.
+            f"--bind-address={'0.0.0.0' if state.pod_network is not None else '127.0.0.1'}",
+            f"--secure-port={p.apiserver}", "--advertise-address=127.0.0.1",
             # Loopback only: stop the "kubernetes" Service endpoint reconciler fighting 127.0.0.1.
             "--endpoint-reconciler-type=none",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
@@ -422,6 +452,7 @@ class ControlPlane:
                 f"--images={json.dumps({k: v.model_dump() for k, v in self.images.items()})}",
                 f"--pki-dir={self.state_dir / 'pki'}",
                 *(f"--exclude={n.name}" for n in real),
+                *([f"--pod-network={state.pod_network}"] if state.pod_network is not None else []),
             ])
         for node, address in zip(real, realnode.node_addresses(len(real)), strict=True):
             self._start_real_node(tools, state, realnode.RealNode(node=node, address=address), built["nvlfabric-shim"])
@@ -556,6 +587,7 @@ class ControlPlane:
             was_running = state is not None and any(processes.alive(r) for r in state.processes)
             if state is not None:
                 self._stop_all(state)
+            podnetwork.release(self.state_dir)
             self.state_file.unlink(missing_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             shutil.rmtree(runtime_root(self.state_dir), ignore_errors=True)
@@ -569,6 +601,20 @@ def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def _locked_elsewhere(lock: Path) -> bool:
+    """Whether another process holds `lock` (an `nvlfabric-sim up` or `down` at work)."""
+    try:
+        with lock.open("r") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
 
 
 def _http_ok(url: str, *, token: str | None = None, cafile: Path | None = None, insecure: bool = False) -> bool:

@@ -100,7 +100,11 @@ def _on_previous_release(previous: tuple[str, str, Path], tmp_path_factory: pyte
     installed.venv(node_venv, "node", wheel)
     old_image = {f"{names.AGENT_IMAGE_REPOSITORY}:{version}": ImageProgram(
         entrypoint=[str(node_venv / "bin" / "python"), "-m", "nvlfabric"])}
-    with simulated_rack(ports=free_ports(), field_manager="upgrade-test", images=old_image, **rack) as (cp, client):
+    # Every pod on its node's address: the previous release's agent and keeper DaemonSets predate
+    # hostNetwork, so in pod network namespaces its IMEX daemons would listen where no peer reaches
+    # them (as on a real cluster); it ran, and was tested, on a simulator without them.
+    with simulated_rack(ports=free_ports(), field_manager="upgrade-test", images=old_image, pod_network="host",
+                        **rack) as (cp, client):
         yield cp, client, node_venv
 
 

@@ -23,6 +23,7 @@ from nvlfabric.sim import hardware
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.kubelet.kubelet import KubeletConfig, SimKubelet
 from nvlfabric.sim.nodes import rack_nodes
+from nvlfabric.sim.podnetwork import PodNetwork
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="the cluster CA's directory (ca.crt, ca.key): serve each node's kubelet API (kubectl logs)")
     ap.add_argument("--exclude", action="append", default=[], metavar="NODE",
                     help="a node of the racks this process does not run (a real kubelet does); repeatable")
+    ap.add_argument("--pod-network", type=int, default=None, metavar="J",
+                    help="pods that are not hostNetwork get a network namespace on pod network J "
+                         "(nvlfabric/sim/podnetwork.py); without it every pod shares its node's network")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -72,6 +76,7 @@ async def run(args: argparse.Namespace) -> None:
         KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)
                               for k, v in json.loads(args.images).items()}, api_server=server,
                       pki_dir=args.pki_dir,
+                      pod_network=PodNetwork(args.pod_network) if args.pod_network is not None else None,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes if not n.hollow}),
         token_requester=token_for,
         heartbeat_client=AsyncClient(config=config, field_manager="nvlfabric-sim-kubelet"))

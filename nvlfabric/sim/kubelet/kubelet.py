@@ -37,7 +37,7 @@ from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim import hardware, pki
 from nvlfabric.sim.images import program_for
-from nvlfabric.sim.kubelet import logs, nodelease, pluginwatch, podstart, podstatus, podstop, volumes
+from nvlfabric.sim.kubelet import logs, nodelease, pluginwatch, podstart, podstatus, podstop, sandbox, volumes
 from nvlfabric.sim.kubelet.events import pod_event
 from nvlfabric.sim.kubelet.hollow import HollowAgent, is_agent
 from nvlfabric.sim.kubelet.machine import start_machine, stop_machine
@@ -318,6 +318,8 @@ class SimKubelet:
         assert pod.metadata is not None and pod.spec is not None
         uid = pod.metadata.uid or ""
         files = await self._volume_files(pod)
+        await sandbox.open_sandbox(self.config.pod_network, state, pod, runs_processes=any(
+            self._runs(state, pod, c) for c in [*(pod.spec.initContainers or []), *pod.spec.containers]))
         prepared = await podstart.prepare_claims(state, pod, await podstart.pod_claims(self.client, pod))
         edits = podstart.container_edits(state, pod, prepared)
         await podstart.run_init_containers(
@@ -333,6 +335,7 @@ class SimKubelet:
     async def _terminate(self, state: NodeState, pod: Pod) -> None:
         assert pod.metadata is not None
         await podstop.release(self.client, state, pod)
+        await sandbox.close_sandbox(self.config.pod_network, state, pod.metadata.uid or "")
         self._terminated.add(pod.metadata.uid or "")
         self._latest.pop(pod.metadata.uid or "", None)
         await podstop.delete(self.client, pod)
@@ -347,10 +350,14 @@ class SimKubelet:
                 self._tasks.append(asyncio.get_running_loop().create_task(self._serve_api(state, self.config.pki_dir)))
         if self.config.shim is None:
             self.config.shim = hardware.build_standins()["nvlfabric-shim"]
+        uid = pod.metadata.uid or "" if pod.metadata else ""
         return start_pod_process(node=state.node, pod=pod, container=container, program=program,
-                                 api_server=self.config.api_server, files=files, shim=self.config.shim,
+                                 api_server=sandbox.api_server_for(self.config.api_server, self.config.pod_network,
+                                                                   state, uid),
+                                 files=files, shim=self.config.shim,
                                  extra_env=self.config.hardware_env.get(state.node.name, {}),
-                                 cdi=edits.get(container.name), pidns=state.pidns)
+                                 cdi=edits.get(container.name), pidns=state.pidns, pod_ip=state.pod_ip(uid),
+                                 netns=state.netns.get(uid))
 
     async def _maybe_run_process(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits],
                                  files: dict[str, volumes.Files]) -> None:

@@ -136,7 +136,7 @@ def container_edits(state: NodeState, pod: Pod, prepared: CDIByClaim) -> dict[st
         # runtime: the spec's env resolved (downward API, `$(VAR)`), command and args expanded.
         records[container.name] = {"cdi_device_ids": ids,
                                    **edits.model_dump(mode="json", by_alias=True, exclude_none=True),
-                                   **container_config(pod, state.node, container)}
+                                   **container_config(pod, state.node, state.pod_ip(pod.metadata.uid or ""), container)}
     state.node.containers_dir.mkdir(parents=True, exist_ok=True)
     for cname, record in records.items():
         path = record_path(state.node, pod.metadata.namespace or "default", pod.metadata.name or "", cname)

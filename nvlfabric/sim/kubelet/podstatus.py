@@ -49,10 +49,10 @@ def readiness_conditions(ready: list[bool], before: list[dict[str, Any]]) -> lis
     return out
 
 
-def _pod_ips(state: NodeState) -> dict[str, Any]:
-    """The pod's host and pod IPs: the node's own address (pods share the node's network)."""
-    a = state.node.address
-    return {"hostIP": a, "hostIPs": [{"ip": a}], "podIP": a, "podIPs": [{"ip": a}]}
+def _pod_ips(state: NodeState, pod: Pod) -> dict[str, Any]:
+    """The pod's host IP (its node's) and pod IP (its own on a pod network, else its node's)."""
+    a, p = state.node.address, state.pod_ip(pod.metadata.uid or "" if pod.metadata else "")
+    return {"hostIP": a, "hostIPs": [{"ip": a}], "podIP": p, "podIPs": [{"ip": p}]}
 
 
 def _running_containers(state: NodeState, pod: Pod, t: str) -> list[dict[str, Any]]:
@@ -85,7 +85,7 @@ async def report_running(client: AsyncClient, state: NodeState, pod: Pod) -> Non
     uid = pod.metadata.uid or ""
     containers = _running_containers(state, pod, t)
     status = {"status": {
-        "phase": "Running", "startTime": t, **_pod_ips(state),
+        "phase": "Running", "startTime": t, **_pod_ips(state, pod),
         "conditions": readiness_conditions([cs["ready"] for cs in containers], []),
         "containerStatuses": containers,
         **({"initContainerStatuses": init_statuses(state, pod, None, t)} if pod.spec.initContainers else {}),
@@ -217,7 +217,8 @@ async def write_initializing(client: AsyncClient, state: NodeState, pod: Pod, *,
     condition = {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
                  "lastTransitionTime": t}
     await client.patch(Pod.Status, pod.metadata.name or "", {"status": {
-        "phase": "Failed" if failed else "Pending", **_pod_ips(state), "startTime": since, "conditions": [condition],
+        "phase": "Failed" if failed else "Pending", **_pod_ips(state, pod), "startTime": since,
+        "conditions": [condition],
         "initContainerStatuses": statuses, "containerStatuses": waiting}}, namespace=pod.metadata.namespace)
 
 

@@ -110,7 +110,7 @@ class _Worker:
         if pid is None and probe.spec.exec is not None:
             ok, seen = False, "the container's process is not running (yet)"
         else:
-            ok, seen = await probes.check(probe, host=self.state.node.address, ports=self.ports, env=proc.env,
+            ok, seen = await probes.check(probe, host=self.state.pod_ip(self.uid), ports=self.ports, env=proc.env,
                                           cwd=proc.cwd, enter=pid)
         if not ok:
             await container_event(self.client, proc, "Unhealthy", f"{probe.title} probe failed: {seen}", warning=True)

@@ -155,8 +155,9 @@ async def _grpc(spec: Any, host: str, timeout_s: float) -> tuple[bool, str]:
 
 async def check(probe: Probe, *, host: str, ports: dict[str, int], env: dict[str, str], cwd: Path,
                 enter: int | None = None) -> tuple[bool, str]:
-    """Run one try of the probe: (passed, what it saw). `enter`: the container's pid, whose mount
-    namespace, root and working directory an exec probe runs in."""
+    """Run one try of the probe: (passed, what it saw). `host`: the pod's IP. `enter`: the
+    container's pid, whose mount and network namespaces, root and working directory an exec probe
+    runs in."""
     spec = probe.spec
     try:
         if spec.exec is not None:
@@ -165,7 +166,7 @@ async def check(probe: Probe, *, host: str, ports: dict[str, int], env: dict[str
             static = {v.name: v.value or "" for v in probe.env if v.valueFrom is None}
             command = [expand(a, static) for a in spec.exec.command or []]
             if enter is not None:
-                command = ["nsenter", "-t", str(enter), "-m", "-r", "-w", "--", *command]
+                command = ["nsenter", "-t", str(enter), "-m", "-n", "-r", "-w", "--", *command]
             return await _exec(command, env, cwd, probe.timeout_s)
         if spec.httpGet is not None:
             return await _http(spec.httpGet, host, _port(spec.httpGet.port, ports), probe.timeout_s)

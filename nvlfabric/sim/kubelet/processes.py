@@ -124,13 +124,13 @@ def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
             p.proc.wait()
 
 
-def _field_ref(pod: Pod, node: SimNode, path: str) -> str:
+def _field_ref(pod: Pod, node: SimNode, pod_ip: str, path: str) -> str:
     assert pod.metadata is not None and pod.spec is not None
     values = {
         "metadata.name": pod.metadata.name or "", "metadata.namespace": pod.metadata.namespace or "",
         "metadata.uid": pod.metadata.uid or "", "spec.nodeName": node.name,
         "spec.serviceAccountName": pod.spec.serviceAccountName or "",
-        "status.hostIP": node.address, "status.podIP": node.address,
+        "status.hostIP": node.address, "status.podIP": pod_ip,
     }
     if m := _META_KEY.fullmatch(path):  # metadata.labels['<key>'], metadata.annotations['<key>']
         return str((getattr(pod.metadata, m[1]) or {}).get(m[2], ""))
@@ -151,21 +151,21 @@ def expand(value: str, env: dict[str, str]) -> str:
     return _REF.sub(sub, value)
 
 
-def env_value(pod: Pod, node: SimNode, var: EnvVar, env: dict[str, str]) -> str:
+def env_value(pod: Pod, node: SimNode, pod_ip: str, var: EnvVar, env: dict[str, str]) -> str:
     """One env entry's value: a downward-API field, else its value expanded against `env` (the
     entries before it: Kubernetes expands only earlier ones). Other sources (secrets, config maps)
     are empty: nothing here reads them."""
     if var.valueFrom is not None and var.valueFrom.fieldRef is not None:
-        return _field_ref(pod, node, var.valueFrom.fieldRef.fieldPath)
+        return _field_ref(pod, node, pod_ip, var.valueFrom.fieldRef.fieldPath)
     return expand(var.value or "", env)
 
 
-def container_config(pod: Pod, node: SimNode, container: Container) -> dict[str, Any]:
+def container_config(pod: Pod, node: SimNode, pod_ip: str, container: Container) -> dict[str, Any]:
     """What a kubelet hands the runtime for `container` (CRI's ContainerConfig): the env of its
     spec resolved in order, and command and args with `$(VAR)` expanded against it."""
     env: dict[str, str] = {}
     for var in container.env or []:
-        env[var.name] = env_value(pod, node, var, env)
+        env[var.name] = env_value(pod, node, pod_ip, var, env)
     return {"command": [expand(a, env) for a in container.command or []],
             "args": [expand(a, env) for a in container.args or []], "containerEnv": env}
 
@@ -212,9 +212,9 @@ def _link_node_paths(directory: Path, path: str, host_paths: dict[str, Path]) ->
         link.symlink_to(where)
 
 
-def hosts_file(pod: Pod, node: SimNode) -> str:
-    """The pod's /etc/hosts as the kubelet writes it: localhost, and the pod's own name (under its
-    subdomain's Service when it has one)."""
+def hosts_file(pod: Pod, pod_ip: str) -> str:
+    """The pod's /etc/hosts as the kubelet writes it: localhost, and the pod's own name at its IP
+    (under its subdomain's Service when it has one)."""
     assert pod.metadata is not None and pod.spec is not None
     host = pod.spec.hostname or pod.metadata.name or ""
     names = [host]
@@ -222,7 +222,7 @@ def hosts_file(pod: Pod, node: SimNode) -> str:
         names.insert(0, f"{host}.{pod.spec.subdomain}.{pod.metadata.namespace or 'default'}.svc.cluster.local")
     return ("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
             "fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n"
-            f"{node.address}\t{chr(9).join(names)}\n")
+            f"{pod_ip}\t{chr(9).join(names)}\n")
 
 
 def cdi_mounts_and_devices(host_view: Callable[[str], Path], cdi: ContainerEdits | None,
@@ -256,10 +256,13 @@ def image_mounts(image: str, program: ImageProgram) -> list[dict[str, Any]]:
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
                       files: dict[str, volumes.Files], shim: Path, extra_env: dict[str, str] | None = None,
-                      cdi: ContainerEdits | None = None, pidns: str | None = None) -> PodProcess:
+                      cdi: ContainerEdits | None = None, pidns: str | None = None, pod_ip: str = "",
+                      netns: Path | None = None) -> PodProcess:
     """Start the container in a mount namespace of its own (rootfs.py): its volumes at their
     mount paths, the CDI edits of its claims applied (env, mounts, device nodes), the pod's
-    /etc/hosts; its command and args as Kubernetes runs them. Nothing is rewritten."""
+    /etc/hosts; its command and args as Kubernetes runs them. Nothing is rewritten. `netns`: the
+    pod's network namespace at `pod_ip` (podnetwork.py); None: the node's (hostNetwork)."""
+    pod_ip = pod_ip or node.address
     assert pod.metadata is not None
     dirs = volume_dirs(node, pod, files)
     api = urlparse(api_server)
@@ -274,7 +277,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
         **(extra_env or {}),
     }
     for e in container.env or []:
-        env[e.name] = env_value(pod, node, e, env)
+        env[e.name] = env_value(pod, node, pod_ip, e, env)
     # Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD; `$(VAR)` expanded.
     argv = program.argv([expand(c, env) for c in container.command or []],
                         [expand(a, env) for a in container.args or []])
@@ -287,11 +290,12 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
               for m in container.volumeMounts or [] if m.name in dirs]
     image_files = image_mounts(container.image or "", program)
     hosts = pod_dir / "etc-hosts"
-    hosts.write_text(hosts_file(pod, node))
+    hosts.write_text(hosts_file(pod, pod_ip))
     root = pod_dir / "rootfs" / container.name
     root.mkdir(parents=True, exist_ok=True)
     spec = {"root": str(root), "mounts": [*image_files, *mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
+            "netns": str(netns) if netns else None,
             "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim),
             "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia"))}
     spec_path = pod_dir / f"{container.name}.container.json"

@@ -1,6 +1,7 @@
 """A container on a simulated node, as a container runtime makes it: its own mount view, its node's processes.
 
 `python -m nvlfabric.sim.kubelet.rootfs SPEC`, started by the simulated kubelet, enters the
+pod's network namespace when it has one (`spec.netns`: nvlfabric/sim/podnetwork.py), then the
 node's PID namespace (`spec.pidns`: each simulated node is a machine of its own, whose /proc shows
 its processes only; `--init` is that namespace's first process, which reaps orphans), forks the
 container there, writes the container's pid to `spec.pid_file`, and becomes its shim: it execs
@@ -54,6 +55,7 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 #: What every container's /dev has, bound from the machine's.
@@ -258,6 +260,9 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["--init"]:
         return _init()
     spec = json.loads(Path(argv[1]).read_text())
+    if spec.get("netns"):  # the pod's network namespace (podnetwork.py): its shim's and container's
+        with open(spec["netns"]) as ns:
+            _call("setns", ns.fileno(), CLONE_NEWNET)
     if spec.get("pidns"):
         with open(spec["pidns"]) as ns:
             _call("setns", ns.fileno(), CLONE_NEWPID)  # for the children from now on

@@ -20,6 +20,7 @@ from nvlfabric.sim.kubelet.hollow import HollowAgent
 from nvlfabric.sim.kubelet.plugins import Plugin
 from nvlfabric.sim.kubelet.processes import PodProcess
 from nvlfabric.sim.nodes import SimNode
+from nvlfabric.sim.podnetwork import PodNetwork
 
 PROCESS_STOP_TIMEOUT_S = 10.0  # at stop, for all local processes together (testbed/controlplane.py waits longer)
 
@@ -63,6 +64,14 @@ class NodeState:
     """/proc/<that process>/ns/pid, which the node's containers enter."""
     hollow_agent_pod: str | None = None
     """On a hollow node: the uid of the agent pod its HollowAgent stands in for (hollow.py)."""
+    pod_ips: dict[str, str] = field(default_factory=dict)
+    """pod uid → its own address (a pod that is not hostNetwork, on a pod network: podnetwork.py)."""
+    netns: dict[str, Path] = field(default_factory=dict)
+    """pod uid → its network namespace, for a pod that runs processes (the others listen nowhere)."""
+
+    def pod_ip(self, uid: str) -> str:
+        """The pod's IP: its own, else its node's (hostNetwork, or no pod network)."""
+        return self.pod_ips.get(uid, self.node.address)
 
     def plugin_for(self, driver: str) -> Plugin | HollowAgent | None:
         return next((p for p in self.plugins.values() if p.driver == driver), None)
@@ -83,6 +92,9 @@ class KubeletConfig:
     pki_dir: Path | None = None
     """The cluster's CA (ca.crt, ca.key): each node's kubelet API is served with a certificate it
     signs, for `kubectl logs`. None: no kubelet API."""
+    pod_network: PodNetwork | None = None
+    """Pods that are not hostNetwork get a network namespace and an address of their own
+    (podnetwork.py); None: every pod shares its node's network and address."""
 
 
 class PodFailed(Exception):
