@@ -11,14 +11,10 @@ host`). The pure part (which bytes a query selects) is a property test.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import signal
 import ssl
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -48,15 +44,15 @@ from lightkube.models.core_v1 import (
 )
 from lightkube.models.core_v1 import Probe as ProbeSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Pod
 
 from nvlfabric.sim import hardware
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet import probes
 from nvlfabric.sim.kubelet.logs import select
-from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.nodes import SimNode
 from tests.conftest import Cluster
+from tests.support.simkubelet import standalone_kubelet, state_dir
 
 RACK = 207  # a rack number of its own
 PRINTER = ("import sys, time\nfor i in range(1, 4): print(f'line {i}', flush=True)\ntime.sleep(1.5)\n"
@@ -87,32 +83,14 @@ def test_select_counts_an_unterminated_last_line() -> None:
 
 @pytest.fixture(scope="module")
 def node(cluster: Cluster) -> Iterator[SimNode]:
-    state = Path(tempfile.mkdtemp(prefix="nvll-", dir="/tmp"))
-    (n,) = rack_nodes(state, racks=1, nodes_per_rack=1, first_rack=RACK)
-    log = (state / "kubelet.log").open("w")
-    images = json.dumps({"registry.invalid/printer": [sys.executable, "-c", PRINTER]})
-    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state),
-                             "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1",
-                             "--first-rack", str(RACK), "--images", images,
-                             "--pki-dir", str(cluster.controlplane.state_dir / "pki")],
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
-    yield n
-    client = cluster.client
-    for pod in client.list(Pod, namespace="default", fields={"spec.nodeName": n.name}):
-        with contextlib.suppress(ApiError):
-            client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
-    proc.terminate()
-    proc.wait(timeout=20)
-    proc.stdout.close()
-    log.close()
-    print((state / "kubelet.log").read_text()[-3000:])
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(runtime_root(state), ignore_errors=True)
-    for kind, ns in ((Node, None), (Lease, "kube-node-lease")):
-        with contextlib.suppress(ApiError):
-            client.delete(kind, n.name, namespace=ns) if ns else client.delete(kind, n.name)
+    with standalone_kubelet(cluster, state_dir("nvll-"), rack=RACK,
+                            images={"registry.invalid/printer": [sys.executable, "-c", PRINTER]},
+                            args=["--pki-dir", str(cluster.controlplane.state_dir / "pki")]) as ((n,), _):
+        yield n
+        client = cluster.client
+        for pod in client.list(Pod, namespace="default", fields={"spec.nodeName": n.name}):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
 
 
 @pytest.mark.cluster

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +33,9 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, 
 
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet.fakeplugin import FakePlugin
-from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.nodes import SimNode, rack_nodes
 from tests.conftest import Cluster
+from tests.support.simkubelet import standalone_kubelet, state_dir
 
 pytestmark = pytest.mark.cluster
 RACK = 90  # a rack number of its own, so these nodes never collide with other tests'
@@ -48,32 +46,13 @@ ECHO = Path(__file__).with_name("echo_agent.py")
 
 @pytest.fixture(scope="module")
 def sim_nodes(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimNode]]:
-    # Unix socket paths are limited to 107 bytes, as on a real node: keep the state dir short.
-    state = Path(tempfile.mkdtemp(prefix="nvlk-", dir="/tmp"))
-    client = cluster.client
+    state = state_dir("nvlk-")
     # A stale slice for a node must be wiped when its kubelet starts.
-    nodes = rack_nodes(state, racks=1, nodes_per_rack=2, first_rack=RACK)
-    client.create(slice_for(nodes[0].name, "stale.test.nvlfabric.io", name=f"stale-{uuid.uuid4().hex[:5]}"))
-    log = (state / "kubelet.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state),
-                             "--kubeconfig", str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2",
-                             "--first-rack", str(RACK),
-                             "--images", json.dumps({ECHO_IMAGE: [sys.executable, str(ECHO)]})],
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "ready", (state / "kubelet.log").read_text()
-    yield nodes
-    proc.terminate()
-    proc.wait(timeout=20)
-    proc.stdout.close()
-    log.close()
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(runtime_root(state), ignore_errors=True)
-    for n in nodes:
-        for kind, ns in ((Node, None), (Lease, "kube-node-lease")):
-            with contextlib.suppress(ApiError):
-                client.delete(kind, n.name, namespace=ns) if ns else client.delete(kind, n.name)
+    stale = rack_nodes(state, racks=1, nodes_per_rack=2, first_rack=RACK)[0]
+    cluster.client.create(slice_for(stale.name, "stale.test.nvlfabric.io", name=f"stale-{uuid.uuid4().hex[:5]}"))
+    with standalone_kubelet(cluster, state, rack=RACK, nodes=2,
+                            images={ECHO_IMAGE: [sys.executable, str(ECHO)]}) as (nodes, _):
+        yield nodes
 
 
 def slice_for(node: str, driver: str, *, name: str) -> ResourceSlice:

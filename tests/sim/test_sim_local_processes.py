@@ -8,10 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,12 +30,13 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import Pod, ServiceAccount
 
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually
-from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.nodes import SimNode
 from tests.conftest import Cluster
+from tests.support.simkubelet import standalone_kubelet, state_dir
 
 pytestmark = pytest.mark.cluster
 RACK = 91
@@ -48,28 +46,9 @@ ECHO = Path(__file__).with_name("echo_agent.py")
 
 @pytest.fixture(scope="module")
 def nodes(cluster: Cluster) -> Iterator[list[SimNode]]:
-    state = Path(tempfile.mkdtemp(prefix="nvlp-", dir="/tmp"))
-    images = json.dumps({IMAGE: [sys.executable, str(ECHO)]})
-    log = (state / "kubelet.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
-                             str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "2", "--first-rack",
-                             str(RACK), "--images", images],
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
-    yield rack_nodes(state, 1, 2, first_rack=RACK)
-    proc.terminate()
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    log.close()
-    print((state / "kubelet.log").read_text()[-4000:])  # shown by pytest when a test failed
-    for n in rack_nodes(state, 1, 2, first_rack=RACK):
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Node, n.name)
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(runtime_root(state), ignore_errors=True)
+    with standalone_kubelet(cluster, state_dir("nvlp-"), rack=RACK, nodes=2,
+                            images={IMAGE: [sys.executable, str(ECHO)]}) as (sim, _):
+        yield sim
 
 
 def daemonset(name: str) -> DaemonSet:

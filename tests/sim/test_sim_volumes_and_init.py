@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,12 +29,12 @@ from lightkube.models.core_v1 import (
     VolumeMount,
 )
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret
 
 from nvlfabric.sim.cluster import eventually
-from nvlfabric.sim.nodes import SimNode, rack_nodes, runtime_root
+from nvlfabric.sim.nodes import SimNode
 from tests.conftest import Cluster
+from tests.support.simkubelet import standalone_kubelet, state_dir
 
 pytestmark = pytest.mark.cluster
 RACK = 95
@@ -50,8 +46,7 @@ BROKEN = "nvlfabric.test/broken"  # ... one of which is not on this machine
 @contextlib.contextmanager
 def one_node(cluster: Cluster, rack: int) -> Iterator[tuple[SimNode, subprocess.Popen[str]]]:
     """A simulated kubelet process of one node whose shell image runs `/bin/sh -c <args>`."""
-    state = Path(tempfile.mkdtemp(prefix="nvlv-", dir="/tmp"))
-    log = (state / "kubelet.log").open("w")
+    state = state_dir("nvlv-")
     held = state / "image"  # what IMAGED holds, as a build would have left it on this machine
     (held / "templates").mkdir(parents=True)
     (held / "templates" / "plugin.tmpl").write_text("kind: {{ .Kind }}\n")
@@ -62,28 +57,8 @@ def one_node(cluster: Cluster, rack: int) -> Iterator[tuple[SimNode, subprocess.
               IMAGED: {"entrypoint": shell, "files": {"/templates": str(held / "templates"),
                                                       "/usr/local/bin/nvlfabric-helper.sh": str(held / "helper.sh")}},
               BROKEN: {"entrypoint": shell, "files": {"/templates": str(held / "not-built")}}}
-    proc = subprocess.Popen([sys.executable, "-m", "nvlfabric.sim.kubelet", "--state-dir", str(state), "--kubeconfig",
-                             str(cluster.kubeconfig), "--racks", "1", "--nodes-per-rack", "1", "--first-rack",
-                             str(rack), "--images", json.dumps(images)],
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    (n,) = rack_nodes(state, 1, 1, first_rack=rack)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready", (state / "kubelet.log").read_text()
+    with standalone_kubelet(cluster, state, rack=rack, images=images) as ((n,), proc):
         yield n, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        log.close()
-        print((state / "kubelet.log").read_text()[-4000:])
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Node, n.name)
-        with contextlib.suppress(ApiError):
-            cluster.client.delete(Lease, n.name, namespace="kube-node-lease")
-        shutil.rmtree(state, ignore_errors=True)
-        shutil.rmtree(runtime_root(state), ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
