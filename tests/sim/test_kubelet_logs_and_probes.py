@@ -257,6 +257,34 @@ def test_a_startup_probe_holds_readiness_and_liveness_back(cluster: Cluster, nod
 
 
 @pytest.mark.cluster
+def test_a_crashing_container_waits_in_crash_loop_back_off_and_is_never_ready(cluster: Cluster,
+                                                                             node: SimNode) -> None:
+    """What `kubectl get pods` shows of a plugin that exits at start: restarted at once the first
+    time, then `waiting` CrashLoopBackOff (not Running, not ready) with its exit as lastState; its
+    startup probe never passed, so it is never ready, even in the moment it exits."""
+    client = cluster.client
+    pod = _pod(client, node, command=["sh", "-c"], args=["echo starting; sleep 0.3; exit 3"],
+               startupProbe=ProbeSpec(tcpSocket=TCPSocketAction(port=1), periodSeconds=1, failureThreshold=600))
+    seen_ready: list[int] = []
+
+    def backing_off() -> object:
+        cs = (s.containerStatuses or [None])[0] if (s := _status(client, pod)) is not None else None
+        if cs is not None and cs.ready:
+            seen_ready.append(cs.restartCount)
+        waiting = cs.state.waiting if cs is not None and cs.state is not None else None
+        return cs if waiting is not None and waiting.reason == "CrashLoopBackOff" else None
+
+    cs = eventually("the container to wait in CrashLoopBackOff", backing_off, timeout=40, interval=0.1)
+    assert cs.restartCount >= 1 and not cs.ready and not cs.started, cs
+    assert cs.lastState.terminated.exitCode == 3, cs.lastState
+    assert "back-off" in cs.state.waiting.message and "restarting failed container=main" in cs.state.waiting.message
+    ready = next(c for c in _status(client, pod).conditions if c.type == "Ready")
+    assert ready.status == "False"
+    assert not seen_ready, f"the container was reported ready at restart(s) {seen_ready}"
+    client.delete(Pod, pod, namespace="default")
+
+
+@pytest.mark.cluster
 def test_a_containers_command_replaces_its_images_entrypoint_with_variables_expanded(cluster: Cluster,
                                                                                       node: SimNode) -> None:
     client = cluster.client

@@ -99,13 +99,13 @@ async def _health_changed(client: AsyncClient, state: NodeState, changed: set[De
 
 async def restart_exited(client: AsyncClient, state: NodeState) -> None:
     """Containers of local-process pods that died are restarted (restartPolicy Always), with the
-    restart counted in the pod status, as a kubelet does for a crashed DaemonSet container."""
+    restart counted in the pod status, as a kubelet does for a crashed DaemonSet container: at
+    once after a first exit, else after a back-off during which the container is `waiting`
+    (CrashLoopBackOff, not ready) with its exit as `lastState`, as `kubectl get pods` shows it."""
     for key, proc in list(state.processes.items()):
         code = proc.proc.poll()
-        if code is None or time.monotonic() < proc.restart_after:
+        if code is None or (proc.restart_at is not None and time.monotonic() < proc.restart_at):
             continue
-        log.warning("node %s: container %s of pod %s exited with %s; restarting", state.node.name,
-                    proc.container.name, proc.pod_name, code)
         try:
             pod = await client.get(Pod, proc.pod_name, namespace=proc.namespace)
         except ApiError:
@@ -113,9 +113,20 @@ async def restart_exited(client: AsyncClient, state: NodeState) -> None:
             continue
         if pod.metadata is None or pod.metadata.deletionTimestamp is not None:
             continue
-        message = proc.termination_message(code)
-        state.terminated[key] = {"exitCode": code if code >= 0 else 128 - code, "reason": "Error",
-                                 "finishedAt": rfc3339(), **({"message": message} if message else {})}
+        if proc.restart_at is None:  # its exit, first seen
+            message = proc.termination_message(code)
+            state.terminated[key] = {"exitCode": code if code >= 0 else 128 - code, "reason": "Error",
+                                     "finishedAt": rfc3339(), **({"message": message} if message else {})}
+            state.ready[key] = False
+            delay = proc.back_off_s()
+            proc.restart_at = time.monotonic() + delay
+            log.warning("node %s: container %s of pod %s exited with %s; restarting%s", state.node.name,
+                        proc.container.name, proc.pod_name, code, f" in {delay:g} s" if delay else "")
+            if delay:
+                await podstatus.write_back_off(client, state, pod.metadata.uid or "", proc.container.name, (
+                    f"back-off {delay:g}s restarting failed container={proc.container.name} "
+                    f"pod={proc.pod_name}_{proc.namespace}({pod.metadata.uid})"))
+                continue
         state.processes[key] = proc.restart()
         start_prober(client, state, key)
         await podstatus.report_running(client, state, pod)

@@ -134,6 +134,23 @@ async def write_ready(client: AsyncClient, state: NodeState, uid: str) -> None:
     await rewrite_status(client, state, uid, edit)
 
 
+async def write_back_off(client: AsyncClient, state: NodeState, uid: str, container: str, message: str) -> None:
+    """One container of a running pod exited and waits out its back-off: `waiting` with reason
+    CrashLoopBackOff, not ready or started, its exit as `lastState` (the pod stays Running)."""
+    def edit(pod: Pod, statuses: list[dict[str, Any]]) -> dict[str, Any]:
+        for d in statuses:
+            if d["name"] == container:
+                d.update(ready=False, started=False, state={"waiting": {"reason": "CrashLoopBackOff",
+                                                                        "message": message}})
+                if (last := state.terminated.get((uid, container))) is not None:
+                    d["lastState"] = {"terminated": dict(last)}
+        return {"containerStatuses": statuses, "conditions": readiness_conditions(
+            [d["ready"] for d in statuses], [c.to_dict() for c in (pod.status.conditions or [])]
+            if pod.status else [])}
+
+    await rewrite_status(client, state, uid, edit)
+
+
 async def write_health(client: AsyncClient, state: NodeState, uid: str) -> None:
     """Re-write one running pod's allocatedResourcesStatus."""
     def edit(pod: Pod, statuses: list[dict[str, Any]]) -> dict[str, Any]:

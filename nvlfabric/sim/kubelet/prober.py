@@ -88,7 +88,7 @@ class _Worker:
                 await self._kill(startup)
                 return False
             await asyncio.sleep(startup.period_s)
-        return True
+        return False  # it exited before its startup probe passed: never started, never ready
 
     async def _loop(self, probe: probes.Probe, counter: probes.Counter, changed: Verdict) -> None:
         await asyncio.sleep(probe.initial_delay_s)

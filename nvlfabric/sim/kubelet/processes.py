@@ -49,7 +49,8 @@ class PodProcess:
     env: dict[str, str]
     cwd: Path
     restarts: int = 0
-    restart_after: float = 0.0
+    restart_at: float | None = None
+    """Once this instance has exited: when the kubelet starts the next (after its back-off)."""
     log_offset: int = 0
     """Where this instance's output starts in the container's log (restarts append to it)."""
 
@@ -82,12 +83,17 @@ class PodProcess:
         tail = "\n".join(data.decode(errors="replace").splitlines()[-80:]).encode()[-2048:]
         return tail.decode(errors="ignore") or None
 
+    def back_off_s(self) -> float:
+        """How long the kubelet waits before starting the next instance once this one exited: at
+        once after a first exit, then doubling and capped, as its CrashLoopBackOff does (10 s .. 300 s
+        there; a tenth of that here, so that tests of restarts stay short)."""
+        return 0.0 if self.restarts == 0 else min(10.0 * 2 ** (self.restarts - 1), 300.0) / 10
+
     def restart(self) -> PodProcess:
-        """A new instance after a crash, started after the kubelet's back-off (doubling, capped)."""
+        """The next instance, after a crash and its back-off."""
         new = launch(pod_uid=self.pod_uid, pod_name=self.pod_name, namespace=self.namespace,
                      container=self.container, argv=self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
         new.restarts = self.restarts + 1
-        new.restart_after = time.monotonic() + min(10.0 * 2 ** new.restarts, 300.0) / 10
         return new
 
     def kill(self) -> None:
