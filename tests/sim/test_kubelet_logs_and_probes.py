@@ -298,8 +298,10 @@ def test_a_containers_command_replaces_its_images_entrypoint_with_variables_expa
 
 @pytest.mark.cluster
 def test_a_container_sees_the_nodes_driver_as_on_a_gpu_node(cluster: Cluster, node: SimNode) -> None:
-    """`/proc/driver/nvidia` is the node's (what the kernel module shows), and a hostPath of the
-    driver root's parent (`/run/nvidia`, as NVIDIA's chart mounts it) holds the driver root."""
+    """`/proc/driver/nvidia` and `/proc/devices` are the node's (what the kernel module shows:
+    NVIDIA's plugin reads the IMEX channel major there), `/proc/driver/nvidia` is no mount point
+    of its own (NVIDIA's plugin unmounts everything mounted below it), and a hostPath of the driver root's
+    parent (`/run/nvidia`, as NVIDIA's chart mounts it) holds the driver root."""
     hardware.install_driver_root(node, hardware.build_standins())
     hardware.install_host_files(node, [0, 1, 2, 3])
     client = cluster.client
@@ -308,12 +310,16 @@ def test_a_container_sees_the_nodes_driver_as_on_a_gpu_node(cluster: Cluster, no
         nodeSelector={"kubernetes.io/hostname": node.name},
         volumes=[Volume(name="run-nvidia", hostPath=HostPathVolumeSource(path="/run/nvidia"))],
         containers=[Container(name="main", image="registry.invalid/printer:1", command=["sh", "-c"], args=[
-            "head -c 12 /proc/driver/nvidia/version; echo; ls /run/nvidia/driver/usr/bin; sleep 3600"],
+            "head -c 12 /proc/driver/nvidia/version; echo; grep imex /proc/devices;"
+            " stat -c %d /proc/driver /proc/driver/nvidia | uniq | wc -l;"
+            " ls /run/nvidia/driver/usr/bin; sleep 3600"],
             volumeMounts=[VolumeMount(name="run-nvidia", mountPath="/run/nvidia")])])))
     out = eventually("its output", lambda: (o if "nvidia-smi" in (o := "".join(client.log(
         name, namespace="default", container="main"))) else None) if (s := _status(client, name)) is not None
         and s.phase == "Running" else None, timeout=30)
     assert out.splitlines()[0] == "NVRM version", out
+    assert out.splitlines()[1].split()[1] == "nvidia-caps-imex-channels", out
+    assert out.splitlines()[2] == "1", f"/proc/driver/nvidia is a mount point of its own (on a node it is none): {out}"
     assert {"nvidia-imex", "nvidia-imex-ctl", "nvidia-smi"} <= set(out.split()), out
     client.delete(Pod, name, namespace="default")
 

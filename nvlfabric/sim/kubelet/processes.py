@@ -303,7 +303,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
             "netns": str(netns) if netns else None,
             "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim),
-            "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia"))}
+            "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia")), "proc_devices": str(node.proc_devices)}
     spec_path = pod_dir / f"{container.name}.container.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     launcher = [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec_path)]

@@ -16,7 +16,8 @@ its root and becomes the container's program:
 
 - the root is a tmpfs at `spec.root` holding the machine's own top-level entries, each bound in
   (the "image" of every simulated container is this machine's file system); `/proc` is a procfs
-  of the node's PID namespace with the node's `/proc/driver/nvidia` (`spec.proc_driver_nvidia`),
+  of the node's PID namespace with the node's `/proc/driver/nvidia` (`spec.proc_driver_nvidia`)
+  and `/proc/devices` (`spec.proc_devices`),
   `/sys` the machine's, `/dev` is private: the usual character
   devices bound in, `/dev/pts`, `/dev/shm`, and the device nodes the container's CDI devices
   name, made there (mknod);
@@ -193,11 +194,17 @@ def build(spec: dict[str, Any]) -> None:
     root.populate()
     if (nvidia := spec.get("proc_driver_nvidia")) and os.path.isdir(nvidia):
         # What the NVIDIA kernel module shows in /proc on a GPU node (version, capabilities):
-        # procfs cannot make it, so a tmpfs over /proc/driver holds the node's directory.
+        # procfs cannot make it, so a tmpfs over /proc/driver holds a copy of the node's
+        # directory. A copy, not a bind: on a node /proc/driver/nvidia is no mount point, and
+        # NVIDIA's plugin unmounts whatever is mounted below it (the runtime's masks of params).
         driver = root.root / "proc" / "driver"
         _mount("tmpfs", str(driver), "tmpfs", MS_NOSUID | MS_NODEV, "mode=555")
-        (driver / "nvidia").mkdir()
-        _bind(nvidia, driver / "nvidia", readonly=True)
+        shutil.copytree(nvidia, driver / "nvidia", symlinks=True)
+        _mount("none", str(driver), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if (devices := spec.get("proc_devices")) and os.path.isfile(devices):
+        # The loaded driver's majors (nvidia-caps-imex-channels...) are in the kernel's
+        # /proc/devices, which drivers read inside their container to make channel nodes.
+        _bind(devices, root.root / "proc" / "devices", readonly=True)
     for m in sorted(spec.get("mounts", []), key=lambda m: m["target"].count("/")):
         target = root.mountpoint(m["target"], directory=os.path.isdir(m["source"]))
         _bind(m["source"], target, readonly=bool(m.get("readonly")))
