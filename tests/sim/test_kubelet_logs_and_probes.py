@@ -174,10 +174,12 @@ def _events(client: Any, pod: str) -> list[tuple[str, str]]:
 def test_a_pod_is_ready_only_once_its_readiness_probe_passes(cluster: Cluster, node: SimNode) -> None:
     client = cluster.client
     pod = _pod(client, node, readinessProbe=ProbeSpec(
-        exec=ExecAction(command=["sh", "-c", "test -f ready"]), periodSeconds=1, failureThreshold=1))
+        exec=ExecAction(command=["sh", "-c", "test -f ready || { echo not ready yet; exit 1; }"]), periodSeconds=1,
+        failureThreshold=1))
     eventually("the pod to run", lambda: (s := _status(client, pod)) is not None and s.phase == "Running", timeout=30)
-    eventually("a failed readiness probe", lambda: any(r == "Unhealthy" and m.startswith("Readiness probe failed")
-                                                        for r, m in _events(client, pod)), timeout=15)
+    # The event says what the probe printed, as the kubelet's does.
+    eventually("a failed readiness probe", lambda: ("Unhealthy", "Readiness probe failed: not ready yet")
+               in _events(client, pod), timeout=15)
     status = _status(client, pod)
     assert not status.containerStatuses[0].ready
     assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
