@@ -348,3 +348,42 @@ def test_every_container_of_a_pod_runs_and_restarts_on_its_own(cluster: Cluster,
     side = next(c for c in _status(client, pod).containerStatuses if c.name == "side")
     assert side.lastState.terminated.exitCode == 137
     client.delete(Pod, pod, namespace="default")
+
+
+# -- stopping pods ------------------------------------------------------------------------------------
+
+
+def _gone(client: Any, pod: str) -> bool:
+    try:
+        client.get(Pod, pod, namespace="default")
+    except ApiError as exc:
+        return exc.status.code == 404
+    return False
+
+
+@pytest.mark.cluster
+def test_a_pod_taking_its_grace_to_stop_holds_up_no_other_pod(cluster: Cluster, node: SimNode) -> None:
+    """A container that ignores SIGTERM is killed at the end of its grace; meanwhile the node goes
+    on: another pod starts. (Stopping a pod held the whole simulated kubelet while it waited, so
+    a teardown of 36 pods stalled every node's heartbeats for minutes and nodes went NotReady.)"""
+    client = cluster.client
+    stubborn, other = f"stub-{uuid.uuid4().hex[:5]}", f"next-{uuid.uuid4().hex[:5]}"
+    client.create(Pod(metadata=ObjectMeta(name=stubborn, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        containers=[Container(name="main", image="registry.invalid/printer:1",
+                              command=["sh", "-c", "trap '' TERM; echo up; exec sleep 3600"])])))
+    eventually("it to run", lambda: "".join(client.log(stubborn, namespace="default", container="main")) == "up\n"
+               if (s := _status(client, stubborn)) is not None and s.phase == "Running" else False, timeout=30)
+    client.delete(Pod, stubborn, namespace="default")
+    _pod_named(client, node, other)
+    eventually("the other pod to run", lambda: (s := _status(client, other)) is not None and s.phase == "Running",
+               timeout=30)
+    assert not _gone(client, stubborn), "the other pod started only once the stubborn one was stopped"
+    eventually("the stubborn pod to be killed and gone", lambda: _gone(client, stubborn), timeout=30)
+    client.delete(Pod, other, namespace="default")
+
+
+def _pod_named(client: Any, node: SimNode, name: str, labels: dict[str, str] | None = None) -> None:
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default", labels=labels), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        containers=[Container(name="main", image="registry.invalid/printer:1")])))

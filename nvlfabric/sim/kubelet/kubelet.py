@@ -95,6 +95,7 @@ class SimKubelet:
         """Each pod as the watch last showed it: a sync reads it there, as the kubelet reads its pods
         from its informer, instead of a GET per sync."""
         self._terminated: set[str] = set()
+        self._released: set[str] = set()  # pods stopped and unprepared whose deletion is still to be made
         """Pods this kubelet stopped and deleted, until the watch shows them gone."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -201,6 +202,7 @@ class SimKubelet:
             if event == "DELETED":
                 self._latest.pop(pod.metadata.uid, None)
                 self._terminated.discard(pod.metadata.uid)
+                self._released.discard(pod.metadata.uid)
                 continue
             if pod.metadata.uid in self._terminated:  # its deletion, on its way: nothing left to do
                 continue
@@ -334,11 +336,17 @@ class SimKubelet:
 
     async def _terminate(self, state: NodeState, pod: Pod) -> None:
         assert pod.metadata is not None
-        await podstop.release(self.client, state, pod)
-        await sandbox.close_sandbox(self.config.pod_network, state, pod.metadata.uid or "")
-        self._terminated.add(pod.metadata.uid or "")
-        self._latest.pop(pod.metadata.uid or "", None)
+        uid = pod.metadata.uid or ""
+        if uid not in self._released:
+            await podstop.release(self.client, state, pod)
+            await sandbox.close_sandbox(self.config.pod_network, state, uid)
+            self._released.add(uid)
+        # Terminated only once the API server has the deletion: a failed delete is retried (the
+        # pod stayed Terminating for good when the first delete's connection was dropped).
         await podstop.delete(self.client, pod)
+        self._released.discard(uid)
+        self._terminated.add(uid)
+        self._latest.pop(uid, None)
 
     def _container_process(self, state: NodeState, pod: Pod, container: Container,
                            edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:

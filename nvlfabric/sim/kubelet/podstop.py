@@ -11,16 +11,18 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from nvlfabric.api import errors
 from nvlfabric.api.kubelet.types import ClaimRef
+from nvlfabric.kube.errors import api_call
 from nvlfabric.sim.kubelet.hollow import HollowAgent
 from nvlfabric.sim.kubelet.podstart import claims_by_driver
-from nvlfabric.sim.kubelet.processes import stop_all
+from nvlfabric.sim.kubelet.processes import stop_pod_processes
 from nvlfabric.sim.kubelet.state import PROCESS_STOP_TIMEOUT_S, NodeState, PodNotReady
 
 __all__ = ["delete", "release"]
 
 
-def _stop_containers(state: NodeState, uid: str) -> None:
+async def _stop_containers(state: NodeState, uid: str) -> None:
     if (init := state.init_running.pop(uid, None)) is not None:
         init.kill()
     for done in [k for k in [*state.init_done, *state.init_failures] if k[0] == uid]:
@@ -33,7 +35,7 @@ def _stop_containers(state: NodeState, uid: str) -> None:
         state.ready.pop(key, None)
         state.terminated.pop(key, None)
     # All its containers at once, SIGTERM then SIGKILL after the grace (as the kubelet stops a pod).
-    stop_all([state.processes.pop(k) for k in keys], timeout=PROCESS_STOP_TIMEOUT_S)
+    await stop_pod_processes([state.processes.pop(k) for k in keys], timeout=PROCESS_STOP_TIMEOUT_S)
     if state.hollow_agent_pod == uid:  # the agent stops: its plugin is unregistered (its labels stay)
         state.hollow_agent_pod = None
         state.plugins = {k: p for k, p in state.plugins.items() if not isinstance(p, HollowAgent)}
@@ -77,7 +79,7 @@ async def release(client: AsyncClient, state: NodeState, pod: Pod) -> None:
     fails or it is not registered. Its deletion is the caller's, once it has noted the pod gone."""
     assert pod.metadata is not None
     uid = pod.metadata.uid or ""
-    _stop_containers(state, uid)
+    await _stop_containers(state, uid)
     await _unprepare(client, state, pod)
     state.prepared.pop(uid, None)
     state.devices.pop(uid, None)  # health is not updated after the pod terminates
@@ -86,7 +88,10 @@ async def release(client: AsyncClient, state: NodeState, pod: Pod) -> None:
 
 
 async def delete(client: AsyncClient, pod: Pod) -> None:
-    """Delete the stopped pod with grace period 0: the kubelet's last word on it."""
+    """Delete the stopped pod with grace period 0: the kubelet's last word on it. Gone already is
+    done; any other failure (a refusal, an API server that dropped the request) is raised for
+    the caller to retry, or the pod stays Terminating for good."""
     assert pod.metadata is not None
-    with contextlib.suppress(ApiError):
-        await client.delete(Pod, pod.metadata.name or "", namespace=pod.metadata.namespace, grace_period=0)
+    name, namespace = pod.metadata.name or "", pod.metadata.namespace or "default"
+    with contextlib.suppress(errors.NotFound), api_call(f"delete pod {namespace}/{name}"):
+        await client.delete(Pod, name, namespace=namespace, grace_period=0)

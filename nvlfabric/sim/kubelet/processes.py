@@ -12,6 +12,7 @@ would, at the paths a pod would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -35,6 +36,7 @@ from nvlfabric.sim.kubelet import volumes
 from nvlfabric.sim.nodes import SimNode
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+STOP_POLL_S = 0.05  # how often a stopping pod's processes are looked at
 
 
 @dataclass
@@ -113,14 +115,20 @@ class PodProcess:
             self.proc.wait()
 
 
-def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
-    """Stop many processes at once: SIGTERM to all, then wait for all, SIGKILL what is left after
-    `timeout` s. One after another, 72 node agents (each stopping its IMEX daemon) outlast the time
-    `nvlfabric-sim down` gives the kubelet process, and whatever is left keeps running orphaned."""
+def _terminate_all(procs: Sequence[PodProcess]) -> list[PodProcess]:
     running = [p for p in procs if p.proc.poll() is None]
     for p in running:
         with contextlib.suppress(ProcessLookupError):
             p.proc.send_signal(signal.SIGTERM)
+    return running
+
+
+def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
+    """Stop many processes at once: SIGTERM to all, then wait for all, SIGKILL what is left after
+    `timeout` s. One after another, 72 node agents (each stopping its IMEX daemon) outlast the time
+    `nvlfabric-sim down` gives the kubelet process, and whatever is left keeps running orphaned.
+    Blocking: for the kubelet's own exit; a pod's stop is `stop_pod_processes`."""
+    running = _terminate_all(procs)
     deadline = time.monotonic() + timeout
     for p in running:
         try:
@@ -128,6 +136,20 @@ def stop_all(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.proc.wait()
+
+
+async def stop_pod_processes(procs: Sequence[PodProcess], timeout: float = 10.0) -> None:
+    """`stop_all` without holding the event loop while the processes take their grace: every
+    node's heartbeats and pods share it, and 36 pods stopping together (a ComputeDomain's
+    teardown) held it for minutes: nodes went NotReady, API requests timed out."""
+    running = _terminate_all(procs)
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in running if p.proc.poll() is None]) and time.monotonic() < deadline:
+        await asyncio.sleep(STOP_POLL_S)
+    for p in left:
+        p.kill()
+    while any(p.proc.poll() is None for p in left):
+        await asyncio.sleep(STOP_POLL_S)
 
 
 def _field_ref(pod: Pod, node: SimNode, pod_ip: str, path: str) -> str:
