@@ -52,6 +52,7 @@ from nvlfabric.sim.kubelet import probes
 from nvlfabric.sim.kubelet.logs import select
 from nvlfabric.sim.nodes import SimNode
 from tests.conftest import Cluster
+from tests.support.agents import pod_gone
 from tests.support.simkubelet import standalone_kubelet, state_dir
 
 RACK = 207  # a rack number of its own
@@ -353,14 +354,6 @@ def test_every_container_of_a_pod_runs_and_restarts_on_its_own(cluster: Cluster,
 # -- stopping pods ------------------------------------------------------------------------------------
 
 
-def _gone(client: Any, pod: str) -> bool:
-    try:
-        client.get(Pod, pod, namespace="default")
-    except ApiError as exc:
-        return exc.status.code == 404
-    return False
-
-
 @pytest.mark.cluster
 def test_a_pod_taking_its_grace_to_stop_holds_up_no_other_pod(cluster: Cluster, node: SimNode) -> None:
     """A container that ignores SIGTERM is killed at the end of its grace; meanwhile the node goes
@@ -378,8 +371,8 @@ def test_a_pod_taking_its_grace_to_stop_holds_up_no_other_pod(cluster: Cluster, 
     _pod_named(client, node, other)
     eventually("the other pod to run", lambda: (s := _status(client, other)) is not None and s.phase == "Running",
                timeout=30)
-    assert not _gone(client, stubborn), "the other pod started only once the stubborn one was stopped"
-    eventually("the stubborn pod to be killed and gone", lambda: _gone(client, stubborn), timeout=30)
+    assert not pod_gone(client, stubborn), "the other pod started only once the stubborn one was stopped"
+    eventually("the stubborn pod to be killed and gone", lambda: pod_gone(client, stubborn), timeout=30)
     client.delete(Pod, other, namespace="default")
 
 
