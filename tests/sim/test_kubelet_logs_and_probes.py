@@ -29,6 +29,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube import ApiError
+from lightkube.models.admissionregistration_v1 import (
+    MatchResources,
+    NamedRuleWithOperations,
+    ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec,
+    Validation,
+)
 from lightkube.models.core_v1 import (
     Container,
     EmptyDirVolumeSource,
@@ -43,7 +50,11 @@ from lightkube.models.core_v1 import (
     VolumeMount,
 )
 from lightkube.models.core_v1 import Probe as ProbeSpec
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.admissionregistration_v1 import (
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+)
 from lightkube.resources.core_v1 import Event, Pod
 
 from nvlfabric.sim import hardware
@@ -53,6 +64,7 @@ from nvlfabric.sim.kubelet.logs import select
 from nvlfabric.sim.nodes import SimNode
 from tests.conftest import Cluster
 from tests.support.agents import pod_gone
+from tests.support.policies import policy_in_effect
 from tests.support.simkubelet import standalone_kubelet, state_dir
 
 RACK = 207  # a rack number of its own
@@ -374,6 +386,46 @@ def test_a_pod_taking_its_grace_to_stop_holds_up_no_other_pod(cluster: Cluster, 
     assert not pod_gone(client, stubborn), "the other pod started only once the stubborn one was stopped"
     eventually("the stubborn pod to be killed and gone", lambda: pod_gone(client, stubborn), timeout=30)
     client.delete(Pod, other, namespace="default")
+
+
+@pytest.mark.cluster
+def test_a_refused_final_delete_is_retried_until_it_lands(cluster: Cluster, node: SimNode) -> None:
+    """The kubelet's last word on a stopped pod (its grace-0 delete) is retried until the API server
+    takes it. An admission policy refuses every delete of a pod already Terminating, as an API
+    server that drops or refuses the request would: the pod stays, the node says why (FailedSync),
+    and once the refusal ends the pod goes. (A pod whose final delete was dropped was marked done
+    before it and stayed Terminating for good: two of 36 on the destroy of an 18-node domain.)"""
+    admin, label = cluster.client, {"nvlfabric.test/refuse-final-delete": uuid.uuid4().hex[:8]}
+    policy = f"refuse-final-delete-{label['nvlfabric.test/refuse-final-delete']}"
+    pod, probe = f"last-{uuid.uuid4().hex[:5]}", f"probe-{uuid.uuid4().hex[:5]}"
+    _pod_named(admin, node, pod, labels=label)
+    eventually("the pod to run", lambda: (s := _status(admin, pod)) is not None and s.phase == "Running", timeout=30)
+    # The policy's probe: a pod on no node, Terminating for good (its finalizer) before the policy
+    # exists, so only a dry-run delete of it says when the policy is in effect.
+    admin.create(Pod(metadata=ObjectMeta(name=probe, namespace="default", labels=label,
+                                         finalizers=["nvlfabric.test/hold"]),
+                     spec=PodSpec(containers=[Container(name="main", image="registry.invalid/none:1")])))
+    admin.delete(Pod, probe, namespace="default")
+    admin.create(ValidatingAdmissionPolicy(metadata=ObjectMeta(name=policy), spec=ValidatingAdmissionPolicySpec(
+        failurePolicy="Fail",
+        matchConstraints=MatchResources(objectSelector=LabelSelector(matchLabels=label), resourceRules=[
+            NamedRuleWithOperations(apiGroups=[""], apiVersions=["v1"], operations=["DELETE"], resources=["pods"])]),
+        validations=[Validation(expression="!has(oldObject.metadata.deletionTimestamp)",
+                                message="this test refuses the final delete", reason="Forbidden")])))
+    admin.create(ValidatingAdmissionPolicyBinding(metadata=ObjectMeta(name=policy), spec=(
+        ValidatingAdmissionPolicyBindingSpec(policyName=policy, validationActions=["Deny"]))))
+    try:
+        policy_in_effect(lambda: admin.delete(Pod, probe, namespace="default", dry_run=True))
+        admin.delete(Pod, pod, namespace="default")
+        eventually("the node to say its delete was refused", lambda: any(
+            reason == "FailedSync" and "this test refuses the final delete" in (message or "")
+            for reason, message in _events(admin, pod)), timeout=30)
+        assert not pod_gone(admin, pod)
+    finally:
+        admin.delete(ValidatingAdmissionPolicyBinding, policy)
+        admin.delete(ValidatingAdmissionPolicy, policy)
+        admin.patch(Pod, probe, namespace="default", obj={"metadata": {"finalizers": None}})
+    eventually("the pod to go once its delete is taken", lambda: pod_gone(admin, pod), timeout=30)
 
 
 def _pod_named(client: Any, node: SimNode, name: str, labels: dict[str, str] | None = None) -> None:
