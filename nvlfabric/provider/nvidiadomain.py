@@ -24,9 +24,10 @@ same as on nvlfabric's backend; what differs is whose object it is:
 - `read` rebuilds the inputs from the live object (drift shows on refresh); a deleted domain
   reads as gone.
 - `delete` refuses while pods whose claims come from the template run (unless `force_delete`),
-  as on nvlfabric's backend, then deletes the domain and waits until it is gone: NVIDIA's
-  controller removes its finalizer once it has torn down the domain's daemons and templates; the
-  timeout message names the finalizer if it does not.
+  as on nvlfabric's backend, then deletes the domain and waits until it is gone (NVIDIA's
+  controller removes its finalizer once it has deleted the domain's daemons and templates; the
+  timeout message names the finalizer if it does not) and then until its IMEX daemon pods are
+  gone too, so a destroy that uninstalls NVIDIA's driver after its domains does not strand them.
 
 The outputs are the same keys as nvlfabric's: `claim_name` is the template's name, `channel` is
 always 0 (NVIDIA's driver gives every domain channel 0), `clique` the one clique of its daemons.
@@ -38,9 +39,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from lightkube import ApiError, Client
+from lightkube import ALL_NS, ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
 from lightkube.types import PatchType
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
@@ -54,7 +56,7 @@ from nvlfabric.kube import errors as kube_errors
 from nvlfabric.provider import await_, domainclient, domaininputs, errors
 from nvlfabric.provider.await_ import AwaitFor, Snapshot
 from nvlfabric.provider.backend import Context
-from nvlfabric.provider.domainclient import Created, get, read_crd, roll_back, send
+from nvlfabric.provider.domainclient import Created, get, meta, read_crd, roll_back, send
 from nvlfabric.provider.domaininputs import DEFAULT_TIMEOUT_S, SETTINGS, contains_unknown, is_unknown, split_id
 from nvlfabric.provider.domainusers import wait_out_departing_users
 
@@ -316,6 +318,7 @@ def delete(ctx: Context, id_: str, props: dict[str, Any]) -> None:
     snap = _snapshot(None, ns, name, template)
     if not props.get("force_delete"):
         wait_out_departing_users(ctx, client, snap, deadline)
+    uid = str(meta(get(client, NVIDIA_CD, name, ns)).get("uid") or "")
     domainclient.delete(client, NVIDIA_CD, name, ns, action=f"delete NVIDIA {snap.cd_ref}")
 
     def gone(s: Snapshot) -> await_.Seen:
@@ -324,3 +327,33 @@ def delete(ctx: Context, id_: str, props: dict[str, Any]) -> None:
     ctx.wait(awaited=f"NVIDIA {snap.cd_ref} to be deleted",
              observe=lambda: dataclasses.replace(snap, cd=get(client, NVIDIA_CD, name, ns)),
              condition=await_.Condition("deleted", gone), deadline=deadline)
+    if uid:
+        _wait_out_daemons(ctx, client, snap.cd_ref, uid, deadline)
+
+
+def _daemon_pods(client: Client, uid: str) -> list[str] | None:
+    """'namespace/name' of the domain's IMEX daemon pods (NVIDIA's label, value the domain's uid);
+    None when these credentials may not list pods in every namespace."""
+    try:
+        with kube_errors.api_call("list NVIDIA's IMEX daemon pods"):
+            pods = client.list(Pod, namespace=ALL_NS, labels={nv.DOMAIN_LABEL: uid})
+            return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if p.metadata is not None]
+    except api_errors.Forbidden:
+        return None
+
+
+def _wait_out_daemons(ctx: Context, client: Client, cd_ref: str, uid: str, deadline: await_.Deadline) -> None:
+    """Wait until the domain's IMEX daemon pods are gone, not only the domain: NVIDIA's controller
+    drops its finalizer once it has deleted their DaemonSet, while the pods still stop and their
+    claims are still to be unprepared by NVIDIA's kubelet plugin. Driver and domains are often
+    destroyed together: deleted before they are gone, the plugin leaves them Terminating for good
+    (the kubelet: "DRA driver compute-domain.nvidia.com is not registered")."""
+    def gone(pods: list[str] | None) -> await_.Seen:
+        if not pods:
+            return await_.Seen(True, "gone")
+        named = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+        return await_.Seen(False, f"{len(pods)} IMEX daemon pod(s) still stopping: {named}")
+
+    ctx.wait(awaited=f"the IMEX daemons of NVIDIA {cd_ref} to stop", observe=lambda: _daemon_pods(client, uid),
+             condition=await_.Condition("daemons gone", gone), deadline=deadline,
+             hint="NVIDIA's kubelet plugin unprepares their claims: keep NVIDIA's driver installed until they are gone")

@@ -299,6 +299,40 @@ def test_delete_refuses_while_pods_of_the_template_run_unless_forced(prov: Compu
         assert _live(api, name) is None
 
 
+@pytest.mark.cluster
+def test_delete_waits_for_nvidias_imex_daemon_pods_not_only_the_domain(prov: ComputeDomainProvider, api: Cluster,
+                                                                      name: str) -> None:
+    """NVIDIA's controller lifts its finalizer once it has deleted the daemons' DaemonSet; their pods
+    still stop, and NVIDIA's kubelet plugin unprepares their claims. A destroy that went on to
+    uninstall the driver then left them Terminating for good (18-node domain, NVIDIA's chart)."""
+    import threading
+
+    daemon = f"computedomain-daemon-{name}"
+    with nvidia_controller(api.client, NS):
+        outs = prov.create(inputs(name, timeout_s=20)).outs
+        # A daemon pod in the driver's namespace, stopping (its finalizer: a pod whose claims are
+        # still being unprepared).
+        api.client.create(Pod.from_dict({
+            "metadata": {"name": daemon, "namespace": "kube-system", "labels": {nv.DOMAIN_LABEL: outs["uid"]},
+                         "finalizers": ["nvlfabric.test/unpreparing"]},
+            "spec": {"containers": [{"name": "imex", "image": "registry.invalid/nvidia:1"}]}}))
+        api.client.delete(Pod, daemon, namespace="kube-system")
+        deleting = threading.Thread(target=prov.delete, args=(f"{NS}/{name}", {**outs, "timeout_s": 30}))
+        deleting.start()
+        try:
+            deadline = time.monotonic() + 15
+            while _live(api, name) is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _live(api, name) is None  # the domain is gone,
+            time.sleep(2)
+            assert deleting.is_alive(), "delete returned while the domain's IMEX daemon pod was still stopping"
+        finally:
+            api.client.patch(Pod, daemon, {"metadata": {"finalizers": None}}, namespace="kube-system",
+                             patch_type=PatchType.MERGE)
+        deleting.join(timeout=15)
+        assert not deleting.is_alive(), "delete did not return once the daemon pod was gone"
+
+
 class _FastClock:
     """Real time, ten times as fast: the departing-users settle (10 s) passes in 1 s."""
 
