@@ -16,7 +16,11 @@ Figures (targets from issue 4):
 - node_footprint_rss_mb            agent + IMEX keeper resident memory with one ComputeDomain running
                                    (its 10 claims prepared, its IMEX daemon up); ≤ 66 MB, what NVIDIA's
                                    kubelet plugin alone idles at on the same NVML stand-in; also
-                                   node_footprint_pss_mb and each process's share (agent_/keeper_one_domain_*)
+                                   node_footprint_pss_mb and each process's share (agent_/keeper_one_domain_*,
+                                   with _anon_mb: its own objects, _file_mb: mapped libraries)
+- node_footprint_distinct_mb       the same two processes' distinct resident pages: a library page both
+                                   map (libpython, libc) counted once, as the node's memory (and a
+                                   cgroup) holds it once; needs root (page frame numbers), else absent
 - rss_mb                           the agent's resident memory with 1000 claims prepared; ≤ 60 MB
 - idle_cpu_pct                     the agent's CPU use while nobody calls, over one full resync
                                    period (30 s: one fabric re-check and housekeeping pass); < 1 %
@@ -42,6 +46,7 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -68,6 +73,8 @@ CLAIMS = int(os.environ.get("NVLFABRIC_BENCH_CLAIMS", "1000"))
 PER_DOMAIN = 10
 IDLE_S = float(os.environ.get("NVLFABRIC_BENCH_IDLE_S", "30"))
 RESYNC_S = 30.0  # the agent's default
+PAGE = os.sysconf("SC_PAGE_SIZE")
+FRAME_MASK = (1 << 55) - 1
 TARGETS = {"prepare_p50_ms": 2.0, "prepare_p99_ms": 10.0, "rss_mb": 60.0, "idle_cpu_pct": 1.0,
            "node_footprint_rss_mb": 66.0}
 
@@ -88,6 +95,28 @@ def smaps_kb(pid: int, key: str) -> float:
         if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def resident_frames(pid: int) -> set[int]:
+    """The physical page frames the process has resident (/proc/<pid>/pagemap: bit 63 present,
+    bits 0-54 the frame number, which reads 0 without CAP_SYS_ADMIN)."""
+    frames: set[int] = set()
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+        for line in maps:
+            if line.rstrip().endswith("[vsyscall]"):
+                continue
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            pagemap.seek(lo // PAGE * 8)
+            for (entry,) in struct.iter_unpack("<Q", pagemap.read((hi - lo) // PAGE * 8)):
+                if entry >> 63 & 1:
+                    frames.add(entry & FRAME_MASK)
+    return frames
+
+
+def distinct_mb(pids: list[int]) -> float | None:
+    """Resident memory of the processes together, each page once; None where frames are hidden."""
+    together = set().union(*(resident_frames(pid) for pid in pids))
+    return None if together <= {0} else len(together) * PAGE / 2**20
 
 
 def cpu_seconds(pid: int) -> float:
@@ -183,11 +212,16 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         for who, pid in footprint.items():
             results[f"{who}_one_domain_rss_mb"] = status_kb(pid, "VmRSS")
             results[f"{who}_one_domain_pss_mb"] = smaps_kb(pid, "Pss")
+            results[f"{who}_one_domain_anon_mb"] = status_kb(pid, "RssAnon")
+            results[f"{who}_one_domain_file_mb"] = status_kb(pid, "RssFile")
         results["node_footprint_rss_mb"] = results["agent_one_domain_rss_mb"] + results["keeper_one_domain_rss_mb"]
         results["node_footprint_pss_mb"] = results["agent_one_domain_pss_mb"] + results["keeper_one_domain_pss_mb"]
         say(f"one domain running: agent {results['agent_one_domain_rss_mb']:.1f} MB + keeper "
             f"{results['keeper_one_domain_rss_mb']:.1f} MB = {results['node_footprint_rss_mb']:.1f} MB RSS per node "
             f"(PSS {results['node_footprint_pss_mb']:.1f} MB)")
+        if (distinct := distinct_mb(list(footprint.values()))) is not None:
+            results["node_footprint_distinct_mb"] = distinct
+            say(f"  their distinct resident pages (shared library pages once): {distinct:.1f} MB")
         cold += timed(claims[PER_DOMAIN:], kubelet, "prepare")
         say(f"cold prepare of {len(claims)} claims in {time.monotonic() - t0:.1f}s "
             f"(p50 {statistics.median(cold):.1f} ms, first {cold[0]:.0f} ms)")

@@ -190,3 +190,21 @@ def test_an_ensure_without_tls_is_what_a_keeper_of_the_previous_release_reads() 
                  tls_target="u.imex.nvlfabric.io")
     assert json.loads(imexkeeper.encode(tls))["tls_target"] == "u.imex.nvlfabric.io"
     assert imexkeeper.decode_request(imexkeeper.encode(tls)) == tls
+
+
+def test_a_stopped_domains_directory_goes_and_what_its_links_point_at_stays(tmp_path: Path) -> None:
+    """Stop removes the domain's files (config, nodes file, credentials) whatever they are, and never
+    what a symbolic link in there points at."""
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "file").write_text("x")
+    domain = tmp_path / "work" / "clique-a"
+    (domain / "tls" / "deep").mkdir(parents=True)
+    (domain / "config.cfg").write_text("SERVER_PORT=1\n")
+    (domain / "tls" / "deep" / "key.pem").write_text("k")
+    (domain / "tls" / "ca.pem").symlink_to(outside / "keep" / "file")
+    (domain / "linked-dir").symlink_to(outside / "keep")
+    imexkeeper.remove_tree(domain)
+    assert not domain.exists() and (tmp_path / "work").is_dir()
+    assert (outside / "keep" / "file").read_text() == "x"
+    imexkeeper.remove_tree(domain)  # gone already: nothing to do
