@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -158,8 +159,52 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+LISTEN_PORTS_FROM = 20000
+"""The lowest port `free_loopback_ports` picks: above the kubelet's and the control plane's own
+(10248-10259), which simulated and real kubelets serve on their node addresses."""
+RESERVED_PORTS = frozenset({20259, 23790, 23800, 26443, 29500})
+"""Never picked: the default simulator's ports (`make demo` beside a test run) and torch's master port."""
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (net.ipv4.ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_loopback_ports(count: int) -> list[int]:
-    """`count` distinct free ports on 127.0.0.1 (held open together while chosen)."""
+    """`count` distinct ports free on every address (held open together while chosen), below the
+    kernel's ephemeral range. A port the kernel picks for `bind(0)` is an ephemeral one, and a
+    control plane chosen at test collection and started minutes later found its API server's
+    port taken by some outgoing connection meanwhile (`bind: address already in use`); outgoing
+    connections never take a port below the range. Free on every address, since the API server
+    listens on all of them."""
+    high = _ephemeral_low()
+    if high - LISTEN_PORTS_FROM < 4 * count:  # a machine whose ephemeral range starts low
+        return _kernel_picked_ports(count)
+    socks: list[socket.socket] = []
+    try:
+        for port in random.sample(range(LISTEN_PORTS_FROM, high), min(high - LISTEN_PORTS_FROM, 64 * count)):
+            if port in RESERVED_PORTS:
+                continue
+            sock = socket.socket()
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+            if len(socks) == count:
+                return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    return _kernel_picked_ports(count)
+
+
+def _kernel_picked_ports(count: int) -> list[int]:
     socks = [socket.socket() for _ in range(count)]
     try:
         for sock in socks:

@@ -73,3 +73,18 @@ def test_scheduler_config_and_extra_args_reach_the_components(tmp_path: Path) ->
         assert b"GOGC=400" in environ["kube-apiserver"] and b"GOGC=400" not in environ["etcd"]
     finally:
         cp.down()
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_free_on_every_address() -> None:
+    """Ports chosen at test collection are used minutes later: a kernel-picked (ephemeral) one was
+    taken meanwhile by an outgoing connection (`bind: address already in use`, kube-apiserver)."""
+    import socket
+
+    for _ in range(20):
+        ports = processes.free_loopback_ports(4)
+        assert len(set(ports)) == 4
+        assert all(processes.LISTEN_PORTS_FROM <= p < processes._ephemeral_low() for p in ports), ports
+        assert not set(ports) & processes.RESERVED_PORTS
+        for port in ports:
+            with socket.socket() as sock:
+                sock.bind(("0.0.0.0", port))  # the API server listens on every address
