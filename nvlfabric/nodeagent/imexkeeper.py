@@ -36,7 +36,7 @@ from typing import Any, Literal
 from nvlfabric.api import names
 from nvlfabric.daemon import process
 from nvlfabric.daemon.process import SettingsError
-from nvlfabric.nodeagent import imex, imexconfig
+from nvlfabric.nodeagent import files, imex, imexconfig
 
 log = logging.getLogger("nvlfabric.imexkeeper")
 
@@ -51,24 +51,6 @@ WATCH_S = 1.0
 # this process runs on every node, and pydantic costs a process 18 MB before its first model
 # (docs/architecture.md, "Scale"). Four small messages do not need it.
 
-
-def remove_tree(top: Path) -> None:
-    """Remove a domain's directory and everything in it, as far as it can (`shutil.rmtree` with
-    ignore_errors, without importing shutil: 0.5 MB of this process on every node). Symbolic links
-    are removed, never followed."""
-    for root, dirs, files in os.walk(top, topdown=False):
-        for entry in files:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, entry))
-        for entry in dirs:
-            where = os.path.join(root, entry)
-            with contextlib.suppress(OSError):
-                if os.path.islink(where):
-                    os.unlink(where)
-                else:
-                    os.rmdir(where)
-    with contextlib.suppress(OSError):
-        os.rmdir(top)
 
 @dataclass(frozen=True)
 class Ensure:
@@ -248,7 +230,7 @@ class Keeper:
                 imex.ImexDomain(domain_id=domain_id, workdir=self.workdir, driver_root=self.driver_root,
                                 bind_address="127.0.0.1")._kill_stale()
         if imexconfig.is_domain_id(domain_id):
-            remove_tree(self.workdir / domain_id)
+            files.remove_tree(self.workdir / domain_id)
 
     def _state(self, d: imex.ImexDomain) -> DomainState:
         return DomainState(domain=d.domain_id, pid=d.pid, exit=d.poll(), members=d.members,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvlfabric.nodeagent import imex, imexkeeper
+from nvlfabric.nodeagent import files, imex, imexkeeper
 from nvlfabric.nodeagent.imexkeeper import Ensure, Keeper, KeeperDomain, Status, Stop
 from nvlfabric.sim.cluster import eventually
 from tests.support.imexnodes import Nodes, gone, ip
@@ -204,7 +204,7 @@ def test_a_stopped_domains_directory_goes_and_what_its_links_point_at_stays(tmp_
     (domain / "tls" / "deep" / "key.pem").write_text("k")
     (domain / "tls" / "ca.pem").symlink_to(outside / "keep" / "file")
     (domain / "linked-dir").symlink_to(outside / "keep")
-    imexkeeper.remove_tree(domain)
+    files.remove_tree(domain)
     assert not domain.exists() and (tmp_path / "work").is_dir()
     assert (outside / "keep" / "file").read_text() == "x"
-    imexkeeper.remove_tree(domain)  # gone already: nothing to do
+    files.remove_tree(domain)  # gone already: nothing to do
