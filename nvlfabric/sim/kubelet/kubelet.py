@@ -40,6 +40,7 @@ from nvlfabric.sim.images import program_for
 from nvlfabric.sim.kubelet import logs, nodelease, pluginwatch, podstart, podstatus, podstop, sandbox, volumes
 from nvlfabric.sim.kubelet.events import pod_event
 from nvlfabric.sim.kubelet.hollow import HollowAgent, is_agent
+from nvlfabric.sim.kubelet.leaseclient import LeaseClient
 from nvlfabric.sim.kubelet.machine import start_machine, stop_machine
 from nvlfabric.sim.kubelet.plugins import PluginCallError
 from nvlfabric.sim.kubelet.podstatus import RUN_SECONDS_ANNOTATION
@@ -71,12 +72,12 @@ def _daemon_pod(pod: Pod) -> bool:
 class SimKubelet:
     def __init__(self, client: AsyncClient, nodes: Sequence[SimNode], config: KubeletConfig,
                  *, token_requester: Callable[[str, str, str], Any] | None = None,
-                 heartbeat_client: AsyncClient | None = None) -> None:
+                 leases: LeaseClient) -> None:
         self.client = client
-        # Heartbeats have a client (a connection pool) of their own, as the kubelet's do: pod
-        # syncs that fill the main client's pool while hundreds of pods start must not delay a
-        # Lease renewal past the node-lifecycle controller's grace period.
-        self.heartbeat_client = heartbeat_client or client
+        # Heartbeats have a client (connections) of their own, as the kubelet's do: pod syncs that
+        # fill the main client's pool while hundreds of pods start must not delay a Lease renewal
+        # past the node-lifecycle controller's grace period (and it is a lean one: leaseclient.py).
+        self.leases = leases
         self.config = config
         self.nodes = {n.name: NodeState(n) for n in nodes}
         self.token_requester = token_requester
@@ -116,7 +117,7 @@ class SimKubelet:
         # Each node heartbeats on its own phase, as independent kubelets do, rather than all
         # nodes in one burst every interval.
         self._tasks += [asyncio.create_task(self._supervise(functools.partial(
-            nodelease.heartbeats, self.heartbeat_client, s, i / len(self.nodes), self._stopping.is_set)))
+            nodelease.heartbeats, self.leases, self.client, s, i / len(self.nodes), self._stopping.is_set)))
             for i, s in enumerate(self.nodes.values())]
 
     async def _supervise(self, loop: Callable[[], Any]) -> None:

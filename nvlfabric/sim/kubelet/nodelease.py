@@ -22,10 +22,10 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
-from lightkube.types import PatchType
 
 from nvlfabric.api import errors, names
 from nvlfabric.kube.errors import api_call
+from nvlfabric.sim.kubelet.leaseclient import LeaseClient
 from nvlfabric.sim.kubelet.state import NodeState, now, rfc3339
 from nvlfabric.sim.nodes import GPUS_PER_NODE, SimNode, node_labels
 
@@ -81,6 +81,10 @@ def _lease(state: NodeState) -> Lease:
         spec=LeaseSpec(holderIdentity=n.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=now()))
 
 
+def _stamp() -> str:
+    return now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 async def register_node(client: AsyncClient, state: NodeState) -> None:
     """The Node (kept if it exists), its status and Lease; then its ResourceSlices go, as a starting
     kubelet deletes them (drivers must republish)."""
@@ -99,15 +103,16 @@ async def register_node(client: AsyncClient, state: NodeState) -> None:
     await wipe_slices(client, n.name, driver=None)
 
 
-async def heartbeats(client: AsyncClient, state: NodeState, phase: float, stopping: Callable[[], bool]) -> None:
-    """One node's Lease renewals and status reports (module doc), starting `phase` of an interval
-    late, so that nodes do not all renew in one burst."""
+async def heartbeats(leases: LeaseClient, client: AsyncClient, state: NodeState, phase: float,
+                     stopping: Callable[[], bool]) -> None:
+    """One node's Lease renewals (over `leases`, leaseclient.py) and status reports (module doc),
+    starting `phase` of an interval late, so that nodes do not all renew in one burst."""
     await asyncio.sleep(phase * LEASE_RENEW_S)
     next_status = time.monotonic() + STATUS_REPORT_S * (1 + phase)
     while not stopping():
         due = time.monotonic() + LEASE_RENEW_S
         if not state.node.is_down():
-            await _renew(client, state, due)
+            await _renew(leases, state, due)
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + STATUS_REPORT_S
                 with contextlib.suppress(Exception):
@@ -115,20 +120,17 @@ async def heartbeats(client: AsyncClient, state: NodeState, phase: float, stoppi
         await asyncio.sleep(max(0.0, due - time.monotonic()))
 
 
-async def _renew(client: AsyncClient, state: NodeState, due: float) -> None:
+async def _renew(leases: LeaseClient, state: NodeState, due: float) -> None:
     """Renew the node's Lease (made anew when it is gone, as the kubelet's lease controller
     does), trying again with back-off until the next renewal is due."""
     name = state.node.name
     for delay in (*LEASE_RETRY_S, None):
-        stamp = now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
             try:
-                with api_call(f"renew the Lease of Node {name}"):
-                    await client.patch(Lease, name, {"spec": {"renewTime": stamp}},
-                                       namespace="kube-node-lease", patch_type=PatchType.MERGE)
+                await leases.renew(name, _stamp())
             except errors.NotFound:
-                with api_call(f"create the Lease of Node {name}"):
-                    await client.create(_lease(state))
+                with contextlib.suppress(errors.AlreadyExists):
+                    await leases.create(_lease(state).to_dict())
                 log.info("node %s: its Lease was gone; created it again", name)
             return
         except asyncio.CancelledError:
