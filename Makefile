@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GOTOOLCHAIN := local
 
-.PHONY: all venv bytecode tools sysdeps nvml generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
+.PHONY: all venv bytecode tools sysdeps nvml keeper generate test check lint typecheck imports demo demo-down sim-up sim-down bench clean
 
 all: tools venv
 
@@ -46,7 +46,12 @@ nvml: sysdeps
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/nvml OUT=$(abspath build/nvml)
 	@$(MAKE) --no-print-directory -C nvlfabric/sim/imex OUT=$(abspath build/imex)
 
-test: tools venv bytecode nvml
+# The node image's IMEX keeper (C, libc only; nvlfabric/nodeagent/keeper): the node agent's tests
+# and every simulated node run it. Seconds; only on change. deploy/Dockerfile builds it the same way.
+keeper:
+	@$(MAKE) --no-print-directory -C nvlfabric/nodeagent/keeper OUT=$(abspath build/keeper)
+
+test: tools venv bytecode nvml keeper
 	@$(VPY) -m pytest $(PYTEST_ARGS)
 
 generate: venv
@@ -68,19 +73,19 @@ check: lint typecheck imports
 # stacks/dev then declares a JobSet-bound job too.
 ADDONS ?=
 
-sim-up: tools venv bytecode sysdeps
+sim-up: tools venv bytecode sysdeps keeper
 	@$(VENV)/bin/nvlfabric-sim up $(if $(ADDONS),--addons $(ADDONS))
 
 sim-down: venv
 	@$(VENV)/bin/nvlfabric-sim down
 
-demo: tools venv bytecode nvml
+demo: tools venv bytecode nvml keeper
 	@$(VPY) stacks/demo.py up $(if $(ADDONS),--addons $(ADDONS))
 
 demo-down: venv
 	@$(VPY) stacks/demo.py down
 
-bench: tools venv bytecode nvml
+bench: tools venv bytecode nvml keeper
 	@mkdir -p bench/results
 	@set -e; for b in bench/[!_]*.py; do echo "[bench] $$b"; $(VPY) $$b; done
 

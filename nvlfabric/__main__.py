@@ -1,6 +1,7 @@
 """`python -m nvlfabric agent|imex|controller ...`: the node image's one entry point.
 
-The agent's DaemonSet runs `agent`, the IMEX keeper's DaemonSet `imex`, the controller's Deployment
+The agent's DaemonSet runs `agent`, the IMEX keeper's DaemonSet `imex` (which replaces this process
+with the keeper's C program, nvlfabric/nodeagent/keeper), the controller's Deployment
 `controller` (same image); everything after the word goes to that process's own settings
 (`python -m nvlfabric agent --help`).
 """

@@ -77,6 +77,12 @@ def imex_target(domain_uid: str) -> str:
 # Shared by the agent and the IMEX keeper (two DaemonSets), and bounded by the driver component.
 
 IMEX_KEEPER_SOCKET: Final = "keeper.sock"
+IMEX_KEEPER_BINARY: Final = "nvlfabric-imex-keeper"
+"""The keeper's program (C, nvlfabric/nodeagent/keeper/): the node image has it on its PATH
+(/usr/local/bin), and `python -m nvlfabric imex` replaces itself with it."""
+IMEX_KEEPER_BINARY_ENV: Final = "NVLFABRIC_IMEX_KEEPER"
+"""Where the keeper's program is when it is not on the PATH (an image laid out otherwise; the
+simulator's node image names the one it built)."""
 MAX_UNIX_SOCKET_PATH: Final = 107
 """A unix socket path has at most 107 bytes (sun_path is 108 with its NUL)."""
 

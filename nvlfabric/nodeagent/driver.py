@@ -59,9 +59,9 @@ class ChannelDriver:
     def __init__(self, *, client: Client, node: NodeIdentity, paths: Paths,
                  clock: Callable[[], datetime] = _now,
                  imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
-                 imex_keeper: Path | None = None) -> None:
-        """`imex_keeper`: the IMEX keeper's socket, which runs the daemons (the agent's way: they
-        outlive this process); None runs them as children of this process (tests of this class)."""
+                 imex_keeper: Path) -> None:
+        """`imex_keeper`: the node's IMEX keeper's socket; the keeper runs the daemons, so they
+        outlive this process."""
         self.client = client
         self.imex_modes = imex_modes
         self.paths = paths
@@ -194,5 +194,5 @@ class ChannelDriver:
             self.status.report_owed()
 
     def stop(self) -> None:
-        """Agent shutdown: the keeper's daemons keep running (ImexSupervisor.stop)."""
-        self.imex.stop()
+        """Agent shutdown. Nothing of the IMEX domains stops: the keeper's daemons serve prepared
+        claims, and the next agent process takes them over as they are."""

@@ -59,26 +59,25 @@ class DedicatedView:
 class _Target(NamedTuple):
     """A domain `keep_running` looks after: its handle, members, and for TLS what it reports holding."""
 
-    domain: imex.ImexDomain
+    domain: imexkeeper.KeeperDomain
     members: list[str]
     reported: tuple[str, str] | None = None
     held: Held = None
 
 
 class ImexSupervisor:
-    """The IMEX domains this agent uses, through the keeper (or as children, without one)."""
+    """The IMEX domains this agent uses, through the node's keeper."""
 
     def __init__(self, *, client: Client, workdir: Path, driver_root: Path, status: StatusReporter,
-                 keeper: Path | None) -> None:
-        """`keeper`: the IMEX keeper's socket, which runs the daemons (the agent's way: they outlive
-        this process); None runs them as children of this process (tests)."""
+                 keeper: Path) -> None:
+        """`keeper`: the IMEX keeper's socket; the keeper runs the daemons, so they outlive this process."""
         self.client = client
         self.workdir = workdir
         self.driver_root = driver_root
         self.status = status
         self.keeper = keeper
-        self._domains: dict[str, imex.ImexDomain] = {}
-        """The IMEX domains this process has used; with a keeper, handles on the keeper's daemons."""
+        self._domains: dict[str, imexkeeper.KeeperDomain] = {}
+        """Handles on the keeper's daemons of the domains this process has used."""
 
     @property
     def node(self) -> NodeIdentity:
@@ -90,11 +89,11 @@ class ImexSupervisor:
 
     # -- handles -------------------------------------------------------------------------------
 
-    def domain(self, domain_id: str, slot: int = 0, tls_target: str = "") -> imex.ImexDomain:
+    def domain(self, domain_id: str, slot: int = 0, tls_target: str = "") -> imexkeeper.KeeperDomain:
         """The handle on `domain_id`'s daemon with these ports and authentication (a new one if they changed)."""
         domain = self._domains.get(domain_id)
         ports = imexconfig.ports_for_slot(slot)
-        if domain is not None and (ports.server, tls_target) != (domain.config.SERVER_PORT, domain.tls_target):
+        if domain is not None and (ports.server, tls_target) != (domain.server_port, domain.tls_target):
             domain.stop()  # cannot happen while the controller keeps slots; if it did, follow the status
             domain = None
         if domain is None:
@@ -102,14 +101,11 @@ class ImexSupervisor:
             self._counted()
         return domain
 
-    def _new_domain(self, domain_id: str, ports: imexconfig.DomainPorts, tls_target: str = "") -> imex.ImexDomain:
-        if self.keeper is not None:
-            return imexkeeper.KeeperDomain(self.keeper, domain_id=domain_id, workdir=self.workdir,
-                                           driver_root=self.driver_root, bind_address=self.node.address,
-                                           server_port=ports.server, cmd_port=ports.cmd, tls_target=tls_target)
-        return imex.ImexDomain(domain_id=domain_id, workdir=self.workdir, driver_root=self.driver_root,
-                               bind_address=self.node.address, server_port=ports.server, cmd_port=ports.cmd,
-                               tls_target=tls_target)
+    def _new_domain(self, domain_id: str, ports: imexconfig.DomainPorts,
+                    tls_target: str = "") -> imexkeeper.KeeperDomain:
+        return imexkeeper.KeeperDomain(self.keeper, domain_id=domain_id, workdir=self.workdir,
+                                       driver_root=self.driver_root, bind_address=self.node.address,
+                                       server_port=ports.server, cmd_port=ports.cmd, tls_target=tls_target)
 
     def release(self, entry: checkpoint.ClaimEntry, cp: checkpoint.Checkpoint) -> None:
         """Stop a dedicated domain's daemon once no claim in `cp` but `entry` needs it (the clique's
@@ -124,15 +120,6 @@ class ImexSupervisor:
         self._counted()
         domain.stop()
         shutil.rmtree(self.workdir / domain_id, ignore_errors=True)
-
-    def stop(self) -> None:
-        """Agent shutdown. The keeper's daemons keep running: they serve prepared claims, and the next
-        agent process takes them over as they are. Daemons of this process's own (no keeper) stop."""
-        if self.keeper is None:
-            for d in self._domains.values():
-                d.stop()
-            self._domains.clear()
-            self._counted()
 
     # -- members -------------------------------------------------------------------------------
 
@@ -195,7 +182,8 @@ class ImexSupervisor:
                                "0.2 or later; is it running?); the kubelet will retry")
         return view
 
-    def _run_until_ready(self, domain: imex.ImexDomain, members: Sequence[str], deadline: float, what: str) -> None:
+    def _run_until_ready(self, domain: imexkeeper.KeeperDomain, members: Sequence[str], deadline: float,
+                         what: str) -> None:
         """`run`, then wait for READY within what is left of the kubelet's budget."""
         try:
             domain.run(members)
@@ -207,7 +195,7 @@ class ImexSupervisor:
             raise PrepareError(f"{what} on node {self.node.name} is not ready yet ({exc}); "
                                "the kubelet will retry") from exc
 
-    def _credentials(self, domain: imex.ImexDomain, uid: str, bundle: str, deadline: float, namespace: str,
+    def _credentials(self, domain: imexkeeper.KeeperDomain, uid: str, bundle: str, deadline: float, namespace: str,
                      name: str) -> Held:
         """This node's key, certificate and the domain's authorities in the domain's tls/ (a new
         certificate when it has none, or one not of the signing authority, or one due for

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvlfabric.api import names
 from nvlfabric.api.computedomain import IMEXMode
 from nvlfabric.daemon import process
 from nvlfabric.daemon.process import SettingsError
-from nvlfabric.nodeagent import checkpoint, imexkeeper
+from nvlfabric.nodeagent import checkpoint
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -114,8 +115,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
         metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"),
         registration_timeout_s=_timeout(a.registration_timeout),
-        imex_keeper_socket=Path(a.imex_keeper_socket) if a.imex_keeper_socket else
-        imexkeeper.default_workdir(Path(a.kubelet_root)) / imexkeeper.SOCKET_NAME)
+        imex_keeper_socket=Path(a.imex_keeper_socket or names.imex_keeper_socket(a.kubelet_root)))
 
 
 def check_paths(cfg: Settings) -> None:

@@ -57,7 +57,7 @@ from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from nvlfabric.api.names import CLIQUE_LABEL, DEVICE_CLASS, DRIVER
-from nvlfabric.sim import hardware
+from nvlfabric.sim import hardware, nodeimage
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.nodes import SimNode, rack_nodes
 from nvlfabric.sim.nvml import topology
@@ -207,6 +207,7 @@ def make_host(state: Path, racks: range) -> Host:
     (node,) = rack_nodes(state, racks=1, nodes_per_rack=1, first_rack=rack)
     node.prepare_dirs()
     hardware.install_driver_root(node, hardware.build_standins())
+    nodeimage.build_keeper()
     hardware.write_node_identity(state, node)
     rack_name = topology.rack_name(rack)
     topo = topology.Topology(
@@ -456,7 +457,8 @@ def _tail(log: Path, lines: int) -> str:
 
 
 class KeeperProcess:
-    """`python -m nvlfabric imex` for `host`: the IMEX daemons' owner, apart from the agent."""
+    """`python -m nvlfabric imex` for `host` (which replaces itself with the keeper's program, as in
+    the node image): the IMEX daemons' owner, apart from the agent."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -473,7 +475,7 @@ class KeeperProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         n = self.host.node
-        env = {**os.environ, **hardware.node_env(self.host.state, n)}
+        env = {**os.environ, **nodeimage.image_env(), **hardware.node_env(self.host.state, n)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nvlfabric", "imex", "--kubelet-root", str(n.kubelet_root),

@@ -18,6 +18,8 @@ images:
     files:
       /usr/bin/driver-plugin: /opt/build/driver-plugin   # image path: a file or directory here
       /templates: /opt/build/templates
+    env:                                  # and its ENV: the container's environment under the pod's
+      DRIVER_TEMPLATES: /templates
 ```
 
 An image's `files` are what a real image would carry (its binaries at their paths, templates,
@@ -32,8 +34,10 @@ from that release's virtualenv). Digests are not mapped.
 
 The container's own `command` and `args` apply as Kubernetes applies them to an image:
 `command` replaces the ENTRYPOINT (and drops CMD), `args` replaces CMD; both with `$(VAR)`
-expanded. nvlfabric's own image (`nvlfabric/node-agent`) is always mapped; the file may map it
-to something else.
+expanded. An image's `env` comes first, the pod's own `env` over it, as a runtime merges an image's
+ENV with the container's. nvlfabric's own image (`nvlfabric/node-agent`) is always mapped
+(nodeimage.py: this Python, and the IMEX keeper the simulator builds); the file may map it to
+something else.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
 from nvlfabric.api import names
+from nvlfabric.sim import nodeimage
 
 AGENT_IMAGE: Final = names.AGENT_IMAGE_REPOSITORY
 
@@ -59,6 +64,8 @@ class ImageProgram(BaseModel):
     cmd: list[str] = Field(default_factory=list, description="the default arguments (the image's CMD)")
     files: dict[str, str] = Field(default_factory=dict, description=(
         "image path → the file or directory on this machine the image holds there (both absolute)"))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "the image's ENV: the container's environment before the pod's own env goes over it"))
 
     @field_validator("files")
     @classmethod
@@ -96,8 +103,9 @@ class ImagesFile(BaseModel):
 
 
 def default_images() -> dict[str, ImageProgram]:
-    """The images every simulator runs: nvlfabric's own (the agent, the keeper, the controller)."""
-    return {AGENT_IMAGE: ImageProgram(entrypoint=[sys.executable, "-m", "nvlfabric"])}
+    """The images every simulator runs: nvlfabric's own (the agent, the keeper, the controller), as
+    deploy/Dockerfile builds it: this Python's `-m nvlfabric`, and the keeper program it names."""
+    return {AGENT_IMAGE: ImageProgram(entrypoint=[sys.executable, "-m", "nvlfabric"], env=nodeimage.image_env())}
 
 
 def load(path: Path) -> dict[str, ImageProgram]:

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from nvlfabric.sim import addons, hardware, pki, podnetwork, processes, realnode
+from nvlfabric.sim import addons, hardware, nodeimage, pki, podnetwork, processes, realnode
 from nvlfabric.sim.images import ImageProgram, default_images
 from nvlfabric.sim.kubelet import rootfs
 from nvlfabric.sim.nodes import GPUS_PER_NODE, NODES_PER_RACK, SimNode, rack_nodes, runtime_root
@@ -428,6 +428,7 @@ class ControlPlane:
         self.progress(f"preparing {len(nodes)} simulated GB200 nodes ({self.racks} rack(s) of {self.nodes_per_rack}"
                       + (f"; racks {hollow[0]}..{hollow[-1]} hollow" if hollow else "") + ")")
         built = hardware.build_standins()
+        nodeimage.build_keeper()  # the node image's IMEX keeper, which its `imex` containers run
         # Hollow nodes read no NVML (their stand-in agent knows its clique): the topology holds the
         # others, so what a real agent's NVML reads does not grow with the cluster.
         topo = hardware.write_topology(self.state_dir, [n for n in nodes if not n.hollow] or nodes)

@@ -511,6 +511,11 @@ def test_the_agent_image_runs_what_the_simulator_runs() -> None:
     argv = _json.loads(entry.removeprefix("ENTRYPOINT"))
     assert default_images()["nvlfabric/node-agent"].entrypoint == [_sys.executable, *argv[1:]]
     assert argv[0] == "python"
+    # `imex` execs the keeper's program: the image puts it on the PATH, the simulator's image names it.
+    assert "COPY --from=keeper /out/nvlfabric-imex-keeper /usr/local/bin/nvlfabric-imex-keeper" in dockerfile
+    assert "make -C /src/keeper OUT=/out" in dockerfile
+    keeper = default_images()["nvlfabric/node-agent"].env["NVLFABRIC_IMEX_KEEPER"]
+    assert keeper.endswith("/keeper/nvlfabric-imex-keeper")
 
 
 def test_the_driver_passes_the_allowed_imex_modes_to_the_agents_and_the_controller() -> None:

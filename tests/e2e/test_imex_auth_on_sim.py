@@ -37,12 +37,12 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.nodeagent import imex, imexconfig
+from nvlfabric.nodeagent import imexconfig
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import simulated_rack
-from tests.support.agents import domain_with_pods, pod_gone
+from tests.support.agents import daemons_using, domain_with_pods, pod_gone
 from tests.support.tenants import token_client
 
 pytestmark = pytest.mark.cluster
@@ -99,7 +99,7 @@ def _links(view: dict[str, Any], me: str) -> dict[str, str]:
 
 
 def _pid(node: SimNode, uid: str) -> int:
-    (pid,) = [p for p in imex.daemons_using(f"/var/lib/kubelet/plugins/{names.DRIVER}/imex/cd-{uid}/config.cfg")
+    (pid,) = [p for p in daemons_using(f"/var/lib/kubelet/plugins/{names.DRIVER}/imex/cd-{uid}/config.cfg")
               if node.runs(p)]
     return pid
 

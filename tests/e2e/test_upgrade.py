@@ -27,6 +27,7 @@ release's code, the new agents adopt what those prepared, and the previous relea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
@@ -226,7 +227,42 @@ def test_an_upgrade_from_the_previous_release_keeps_the_running_job(
     assert err.value.response.status_code == 404
     assert not list(client.list(ResourceClaim, namespace="default"))
     assert not list(client.list(Job, namespace="default"))
+
+    # Halfway through the keepers' rollout: the first node (drained: nothing runs on it) gets this
+    # release's keeper, the C program; the second keeps the previous release's. A domain over both
+    # becomes Ready: one protocol, and both write the same nodes file (IMEX refuses a differing map).
+    drained, kept = nodes
+    old_pod = next(p for p in keepers.values() if p.spec.nodeName == drained)
+    client.delete(Pod, old_pod.metadata.name, namespace=names.NAMESPACE)
+    eventually("this release's keeper on the drained node", lambda: (
+        [p for p in _driver_pods(client, "nvlfabric-imex").values()
+         if p.spec.nodeName == drained and p.spec.containers[0].image == new_image and p.status.phase == "Running"
+         and all(c.ready for c in p.status.containerStatuses or [])]), timeout=120)
+    assert len(running_from(node_venv, "imex")) == 1, "the other node keeps the previous release's keeper"
+    assert eventually("the keeper's C program to run on the drained node", lambda: [
+        pid for pid in _pids_of(names.IMEX_KEEPER_BINARY) if by_node[drained].runs(pid)], timeout=30)
+    mixed = f"mixed-{uuid.uuid4().hex[:5]}"
+    proj.run("config", "set", "removeDomain", "false")
+    proj.run("config", "set", "domain", mixed)
+    proj.run("up", "--yes", "--skip-preview", timeout=400)
+    ready_domain_status(client, mixed)
+    eventually("the mixed domain's two pods to run", lambda: len(
+        [p for p in client.list(Pod, namespace="default", labels={names.COMPUTE_DOMAIN_LABEL: mixed})
+         if p.status.phase == "Running"]) == 2, timeout=120)
+    files = {n: imex_daemon(by_node[n], clique)[1] for n in nodes}
+    assert files[drained] == files[kept] and len(files[drained].split()) == 2, files
     proj.run("destroy", "--yes", "--skip-preview", timeout=400)
+
+
+def _pids_of(program: str) -> list[int]:
+    """Pids of this machine's processes running `program` (by the name of their executable)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0]
+            if argv0.rsplit(b"/", 1)[-1] == program.encode():
+                out.append(int(proc.name))
+    return out
 
 
 FLEET = 176  # racks 176 and 177 (127.10.176-177.x): stacks/dev's two racks, away from a demo's 0 and 1

@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,7 @@ from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_re
 from nvlfabric.sim.kubelet import cdi as runtime_cdi
 from nvlfabric.sim.nodes import IMEX_CHANNELS_MAJOR, SimNode, rack_nodes, runtime_root
 from tests.conftest import Cluster
+from tests.support.keepers import Keeper
 
 pytestmark = pytest.mark.cluster
 CLASS = names.DEVICE_CLASS
@@ -60,6 +61,16 @@ class Setup:
     drivers: dict[str, ChannelDriver]
     client: Client
     agent_client: kubeapi.Client
+    keepers: dict[str, Keeper] = field(default_factory=dict)
+    """Each node's IMEX keeper (the C program, as its DaemonSet runs it), started with its first driver."""
+
+    def keeper(self, node: SimNode) -> Path:
+        """The socket of `node`'s keeper, started on first use."""
+        if node.name not in self.keepers:
+            paths = self.paths(node)
+            self.keepers[node.name] = Keeper.start(paths.imex_workdir, node.driver_root,
+                                                   log=node.dir / "imex-keeper.log")
+        return self.keepers[node.name].socket
 
     def paths(self, node: SimNode) -> Paths:
         boot = node.dir / "boot_id"
@@ -70,7 +81,7 @@ class Setup:
 
     def driver(self, node: SimNode) -> ChannelDriver:
         return ChannelDriver(client=self.agent_client, node=NodeIdentity(node.name, node.address, self.clique),
-                             paths=self.paths(node))
+                             paths=self.paths(node), imex_keeper=self.keeper(node))
 
 
 @pytest.fixture
@@ -95,6 +106,8 @@ def setup(cluster: Cluster) -> Iterator[Setup]:
     yield s
     for d in s.drivers.values():
         d.stop()
+    for k in s.keepers.values():
+        k.terminate(10)  # stops its daemons, as the keeper's pod going does
     delete_nodes(client, [n.name for n in nodes])
     pools.withdraw(client, clique)
     shutil.rmtree(state, ignore_errors=True)
@@ -184,7 +197,7 @@ def test_a_replaced_claim_or_a_foreign_clique_is_refused_with_the_reason(setup: 
         stale = ClaimRef(namespace=ref.namespace, name=ref.name, uid="0000-old-uid")
         assert "got replaced" in str(driver.prepare([stale])[stale.uid])
         other = ChannelDriver(client=setup.agent_client, node=NodeIdentity(node.name, node.address, "elsewhere.1"),
-                              paths=setup.paths(node))
+                              paths=setup.paths(node), imex_keeper=setup.keeper(node))
         msg = str(other.prepare([ref])[ref.uid])
         assert f"allocated in clique {setup.clique}" in msg and "is in clique elsewhere.1" in msg
         assert driver.state.get(ref.uid) is None  # nothing recorded for refused claims
@@ -198,6 +211,7 @@ def test_an_imex_mode_the_driver_does_not_allow_is_refused_naming_the_setting(se
     try:
         only_dedicated = ChannelDriver(client=setup.agent_client, paths=setup.paths(node),
                                        node=NodeIdentity(node.name, node.address, setup.clique),
+                                       imex_keeper=setup.keeper(node),
                                        imex_modes=frozenset({api.IMEXMode.DEDICATED}))
         setup.drivers[node.name] = only_dedicated
         msg = str(only_dedicated.prepare([ref])[ref.uid])

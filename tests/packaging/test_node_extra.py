@@ -43,3 +43,22 @@ def test_the_node_extra_runs_the_agent_and_the_controller_without_pulumi(tmp_pat
     proc = run("-c", "from nvlfabric import ComputeDomain")
     assert proc.returncode != 0 and "pip install 'nvlfabric[pulumi]'" in proc.stderr
     print(f"nvlfabric[node] site-packages: {_site_packages_mb(tmp_path / 'venv'):.1f} MB")
+
+    # The IMEX keeper: built from the installed package's C sources with the Dockerfile's command,
+    # found on the PATH by `python -m nvlfabric imex`, which becomes it (same pid, same arguments).
+    (sources,) = (tmp_path / "venv").glob("lib/python*/site-packages/nvlfabric/nodeagent/keeper")
+    image_bin = tmp_path / "usr-local-bin"
+    make = subprocess.run(["make", "-s", "-C", str(sources), f"OUT={image_bin}"], capture_output=True, text=True,
+                          timeout=300)
+    assert make.returncode == 0, make.stderr
+    env = {"PATH": f"{image_bin}:/usr/bin:/bin"}
+    proc = subprocess.run([str(python), "-m", "nvlfabric", "imex", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "--kubelet-root" in proc.stdout and "--driver-root" in proc.stdout, proc.stderr
+    proc = subprocess.run([str(python), "-m", "nvlfabric", "imex", "--log-format", "xml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "--log-format" in proc.stderr, proc.stderr  # the keeper itself answered
+    # Without it, the pod's log and termination message say what is missing and where it belongs.
+    proc = subprocess.run([str(python), "-m", "nvlfabric", "imex"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "nvlfabric-imex-keeper is not on the PATH" in proc.stderr, proc.stderr

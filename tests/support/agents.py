@@ -4,7 +4,10 @@ the IMEX daemon a node's keeper runs."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 from pathlib import Path
 
 from lightkube import ApiError, Client, codecs
@@ -16,7 +19,6 @@ from lightkube.resources.core_v1 import Pod
 from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller.reconcile import ComputeDomainResource
-from nvlfabric.nodeagent import imex
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.nodes import SimNode
 
@@ -43,11 +45,27 @@ def edits(state: Path, node: str, pod: str, container: str = "worker", namespace
     return json.loads((state / "nodes" / node / "containers" / f"{namespace}_{pod}_{container}.json").read_text())
 
 
+def daemons_using(config_path: str) -> list[int]:
+    """Live `nvidia-imex` processes whose command line names `config_path` as their config (`-c <path>`)."""
+    wanted = config_path.encode()
+    found: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            stat = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            if (os.path.basename(argv[0]) == b"nvidia-imex" and stat[0] != "Z"
+                    and any(a == b"-c" and b == wanted for a, b in itertools.pairwise(argv))):
+                found.append(int(entry.name))
+    return found
+
+
 def imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
     """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
     by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
     work = f"plugins/{DRIVER}/imex/clique-{clique}"
-    pids = [p for p in imex.daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
+    pids = [p for p in daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
     return pids, (node.kubelet_root / work / "nodes.cfg").read_text()
 
 

@@ -240,10 +240,11 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         # The runtime's env order: the image's, then the spec's (as the kubelet resolved it), then
         # the CDI edits of the container's devices over both.
         spec_env = {kv.key: kv.value for kv in config.envs}
-        c.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "PYTHONUNBUFFERED": "1",
+        program = program_for(self.s.images, c.image)
+        c.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(program.env if program else {}),
+                 "HOME": "/", "PYTHONUNBUFFERED": "1",
                  **self.s.env, "HOSTNAME": sb.config.hostname, **spec_env, **self.s.service_env,
                  **dict(e.split("=", 1) for e in edits.env if "=" in e)}
-        program = program_for(self.s.images, c.image)
         if program is not None:
             c.spec_path = self._write_spec(c, program, edits)
         self._record(sb, c, ids, edits, spec_env)

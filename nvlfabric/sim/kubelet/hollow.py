@@ -1,10 +1,11 @@
 """Hollow nodes: simulated nodes that cost a few hundred kilobytes instead of ~90 MB of processes.
 
 A rack of real simulated nodes runs, per node, nvlfabric's node agent (a Python process with gRPC
-and NVML, ~60 MB) and its IMEX keeper (~30 MB) and the keeper's IMEX daemons: 144 nodes take ~13 GB,
-so nothing past ~12 racks fits on a 24 GB machine. Kubernetes' own scalability tests have the same
-wall and answer it with hollow nodes (kubemark): a kubelet whose container runtime is a stand-in,
-so the control plane sees thousands of nodes that cost almost nothing. A hollow node here is the
+and NVML, ~60 MB), its IMEX keeper (C, ~2 MB; a Python process of ~30 MB before 0.2) and the
+keeper's IMEX daemons: 144 nodes take ~9 GB, so a few dozen racks never fit on a 24 GB machine.
+Kubernetes' own scalability tests have the same wall and answer it with hollow nodes (kubemark):
+a kubelet whose container runtime is a stand-in, so the control plane sees thousands of nodes that
+cost almost nothing. A hollow node here is the
 same idea one layer down, for the per-node software of *our* driver:
 
 - its kubelet is the simulated kubelet (Node, Lease heartbeats, pod status, DRA prepare and

@@ -297,6 +297,7 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     pod_dir = node.pod_dir(pod.metadata.uid or "")
     env: dict[str, str] = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **program.env,  # the image's ENV, under what the kubelet and the pod set
         "HOME": str(pod_dir),
         "HOSTNAME": pod.metadata.name or "",
         "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
