@@ -22,7 +22,7 @@ from lightkube.resources.core_v1 import Pod, ServiceAccount
 from nvlfabric.sim import hardware
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.kubelet.kubelet import KubeletConfig, SimKubelet
-from nvlfabric.sim.kubelet.leaseclient import LeaseClient
+from nvlfabric.sim.kubelet.leaseclient import LeaseClient, connections_for
 from nvlfabric.sim.nodes import rack_nodes
 from nvlfabric.sim.podnetwork import PodNetwork
 
@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace) -> None:
                       pod_network=PodNetwork(args.pod_network) if args.pod_network is not None else None,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes if not n.hollow}),
         token_requester=token_for,
-        leases=LeaseClient.from_config(config))
+        leases=LeaseClient.from_config(config, connections=connections_for(len(nodes))))
     await kubelet.start()
     logging.getLogger("nvlfabric.sim.kubelet").info("simulated kubelets ready: %d nodes", len(kubelet.nodes))
     print("ready", flush=True)
