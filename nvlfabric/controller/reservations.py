@@ -388,8 +388,12 @@ class Reserver:
         except errors.ApiStatusError as exc:
             log.warning("%s; placing at the next pass", exc)
             return
+        rooms_for: dict[str, list[placement.NodeRoom]] = {}  # jobs of the same tolerations share them
         for groups, taken, _ in jobs:
-            rooms = placement.rooms_of(nodes, used, tolerations[id(groups)])
+            tolerated = tolerations[id(groups)]
+            if (same := repr(tolerated)) not in rooms_for:
+                rooms_for[same] = placement.rooms_of(nodes, used, tolerated)
+            rooms = rooms_for[same]
             free = {c: channels.get(c, self.channels_per_clique) for c in {r.clique for r in rooms}}
             got = placement.place(groups, rooms, free, held, exclude=taken)
             if isinstance(got, placement.NoRoom):

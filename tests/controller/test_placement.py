@@ -150,3 +150,25 @@ def test_a_job_that_does_not_fit_whole_says_how_many_cliques_it_needs_and_has() 
     # Its groups placed before (a restarted controller) keep their cliques; the rest go elsewhere.
     rest = place(job[1:2], nodes, dict.fromkeys("abc", 1), exclude={"a"})
     assert rest == {("ns", "j-channel-1"): "b"}
+
+
+class _CountedNodes(list[NodeRoom]):
+    """The nodes, counting how often placement walks all of them."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_placing_a_fleets_jobs_walks_its_nodes_once_not_once_per_clique() -> None:
+    """64 racks of 18 nodes, a job of 8 whole-rack groups: placement reads the node list once (it
+    read it once per clique for every group: 64 x 8 walks of 1,152 nodes, the controller's CPU
+    growing faster than the fleet; docs/architecture.md, Scale)."""
+    nodes = _CountedNodes(NodeRoom(f"r{r}-n{i}", f"clique-{r:02}", 4) for r in range(64) for i in range(18))
+    _CountedNodes.walks = 0
+    groups = [Group(("default", f"job-{k}"), 18, 4) for k in range(8)]
+    got = place(groups, nodes, {f"clique-{r:02}": 1 for r in range(64)})
+    assert isinstance(got, dict) and len(set(got.values())) == 8
+    assert _CountedNodes.walks == 1
