@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import uuid
@@ -59,7 +60,9 @@ def _agent_processes(cp: ControlPlane) -> dict[str, int]:
             continue
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"nvlfabric" in argv and (b"agent" in argv or b"imex" in argv):
+            agent = b"nvlfabric" in argv and b"agent" in argv
+            keeper = os.path.basename(argv[0]) == names.IMEX_KEEPER_BINARY.encode()  # `imex` execs it
+            if agent or keeper:
                 for n in cp.nodes():
                     if n.runs(int(entry.name)):
                         out[n.name] += 1
