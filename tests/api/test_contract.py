@@ -24,6 +24,7 @@ from nvlfabric.components.driver import driver_objects
 from nvlfabric.controller import pools
 from nvlfabric.controller.__main__ import channels_per_clique, settings
 from nvlfabric.daemon.process import SettingsError
+from nvlfabric.sim import nodeimage
 from tests.support import keepers
 
 CLIQUE = "9f410827-489f-46fd-8203-51266ca08eb7.32766"
@@ -82,10 +83,10 @@ def test_the_controller_refuses_a_bad_pool_size_in_one_line_and_exits_2(value: s
 def test_the_image_entry_point_names_its_three_commands() -> None:
     proc = subprocess.run([sys.executable, "-m", "nvlfabric", "kubelet"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "{agent,imex,controller}" in proc.stderr
-    # `imex` hands its arguments to the keeper's program, which the node image's ENV names
+    # `imex` hands its arguments to the keeper's program (built here), which the node image's ENV names
+    keepers.program()
     proc = subprocess.run([sys.executable, "-m", "nvlfabric", "imex", "--kubelet-root", "/" + "k" * 80],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, names.IMEX_KEEPER_BINARY_ENV:
-                                                                            str(keepers.program())})
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **nodeimage.image_env()})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--kubelet-root / $KUBELET_ROOT" in proc.stderr
 
 
