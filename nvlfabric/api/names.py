@@ -200,6 +200,23 @@ MAX_CHANNELS_PER_CLIQUE: Final = MAX_CHANNEL
 everybody, `NVreg_CreateImexChannel0`, so it isolates nothing), hence at most 2047."""
 DEFAULT_CHANNELS_PER_CLIQUE: Final = 128
 """One ResourceSlice's worth (MAX_DEVICES_PER_SLICE): enough ComputeDomains per rack for most."""
+DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE: Final = 64
+"""How many IMEX channels (devices of DEVICE_CLASS) one namespace's claims may hold, unless the
+platform says otherwise (the driver setting `channel_quota_per_namespace`, or a namespace's
+CHANNEL_QUOTA_ANNOTATION): one per SingleClique domain, one per clique group of a MultiClique one.
+The controller keeps it as a ResourceQuota (CHANNEL_QUOTA_NAME) in every namespace holding a
+ComputeDomain (docs/tenants.md, "Quota"). 64: the largest domain (MAX_CLIQUES_PER_DOMAIN groups)
+fits, and it is half of a default pool (DEFAULT_CHANNELS_PER_CLIQUE), so one team alone cannot
+drain a clique."""
+MAX_CHANNEL_QUOTA_PER_NAMESPACE: Final = MAX_CHANNELS_PER_CLIQUE * 64
+"""0 turns the quota off; above this it would bound nothing (every channel of 64 full cliques)."""
+CHANNEL_QUOTA_NAME: Final = "nvlfabric-imex-channels"
+"""The ResourceQuota the controller keeps in a namespace with ComputeDomains."""
+CHANNEL_QUOTA_ANNOTATION: Final = "nvlfabric.io/channel-quota"
+"""On a Namespace (which a tenant with `edit` cannot change): that namespace's channel quota, in
+place of the driver's default."""
+CHANNEL_QUOTA_RESOURCE: Final = f"{DEVICE_CLASS}.deviceclass.resource.k8s.io/devices"
+"""The ResourceQuota key that counts a namespace's claimed devices of DEVICE_CLASS."""
 MAX_DEVICES_PER_SLICE: Final = 128
 """resource.k8s.io/v1 allows at most 128 devices in one ResourceSlice."""
 MAX_PODS_PER_CLAIM: Final = 256

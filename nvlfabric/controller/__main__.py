@@ -38,6 +38,8 @@ class Settings:
     """The default of dedicated domains whose spec has no imexAuthentication (NvlfabricDriver)."""
     imex_cert_validity_s: float
     """How long the IMEX node certificates it signs last (agents renew them after two thirds)."""
+    channel_quota_per_namespace: int
+    """IMEX channels one namespace's claims may hold (controller/quota.py); 0: no quota."""
     log_format: process.LogFormat
     identity: str
     """This replica's name in the Lease: the pod's name ($POD_NAME), else hostname-pid."""
@@ -69,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                          f"{' or '.join(m.value for m in IMEXAuthentication)} ($IMEX_AUTHENTICATION)")
     ap.add_argument("--imex-cert-validity", default=env("IMEX_CERT_VALIDITY", str(names.DEFAULT_IMEX_CERT_VALIDITY_S)),
                     help="seconds an IMEX node certificate lasts ($IMEX_CERT_VALIDITY)")
+    ap.add_argument("--channel-quota-per-namespace",
+                    default=env("CHANNEL_QUOTA_PER_NAMESPACE", str(names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE)),
+                    help="IMEX channels one namespace's claims may hold, kept as a ResourceQuota; 0: no quota "
+                         "($CHANNEL_QUOTA_PER_NAMESPACE)")
     ap.add_argument("--log-format", choices=["json", "text"], default=env("LOG_FORMAT", "json"))
     ap.add_argument("--identity", default=env("POD_NAME", ""),
                     help="this replica's holder identity in the Lease ($POD_NAME; default hostname-pid)")
@@ -130,6 +136,10 @@ def settings(argv: list[str]) -> Settings:
                     imex_modes=process.imex_modes(args.imex_modes), log_format=args.log_format,
                     imex_authentication=imex_authentication(args.imex_authentication),
                     imex_cert_validity_s=imex_cert_validity(args.imex_cert_validity),
+                    channel_quota_per_namespace=process.whole_number(
+                        args.channel_quota_per_namespace, flag="--channel-quota-per-namespace",
+                        env="CHANNEL_QUOTA_PER_NAMESPACE", low=0, high=names.MAX_CHANNEL_QUOTA_PER_NAMESPACE,
+                        why="; set NvlfabricDriver(channel_quota_per_namespace=...) within that range (0: no quota)"),
                     identity=args.identity or f"{socket.gethostname()}-{os.getpid()}", lease_name=args.lease_name,
                     lease_namespace=args.lease_namespace, lease_duration_s=duration, renew_interval_s=renew,
                     renew_deadline_s=deadline, retry_interval_s=retry,
@@ -166,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("nvlfabric %s: controller %s, standby until it holds Lease %s/%s", __version__, cfg.identity,
              cfg.lease_namespace, cfg.lease_name)
     controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes,
-                            imex_authentication=cfg.imex_authentication, imex_cert_validity_s=cfg.imex_cert_validity_s)
+                            imex_authentication=cfg.imex_authentication, imex_cert_validity_s=cfg.imex_cert_validity_s,
+                            channel_quota_per_namespace=cfg.channel_quota_per_namespace)
     if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
         return 0
     # Leadership lost: exit at once, without waiting for a pass or a reservation under way (os._exit:

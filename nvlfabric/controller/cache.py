@@ -10,6 +10,7 @@ reader uses is no news to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,20 +23,26 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.controller import placement
 from nvlfabric.controller.informer import Informer
+from nvlfabric.controller.strayclaims import ChannelClaim, channel_claim
 
 ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
 
 
 def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
     """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
-    if claim is None or claim.status is None or claim.status.allocation is None:
-        return None
-    devices = claim.status.allocation.devices
-    for r in (devices.results or []) if devices else []:
-        clique, channel = names.clique_of_pool(r.pool), names.channel_of_device(r.device)
-        if r.driver == names.DRIVER and clique is not None and channel is not None:
-            return clique, channel
-    return None
+    return next(iter(channels_of(claim.to_dict() if claim is not None else {})), None)
+
+
+def channels_of(raw: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """Every channel of nvlfabric's pools the claim's allocation holds, as (clique, channel): what
+    a pool's accounting counts (a claim, whatever its shape, holds as many channels as devices)."""
+    allocation = (raw.get("status") or {}).get("allocation") or {}
+    out = []
+    for r in (allocation.get("devices") or {}).get("results") or []:
+        clique, channel = names.clique_of_pool(r.get("pool", "")), names.channel_of_device(r.get("device", ""))
+        if r.get("driver") == names.DRIVER and clique is not None and channel is not None:
+            out.append((clique, channel))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -94,12 +101,18 @@ class ClaimRecord:
     rv: str
     raw: dict[str, Any] = field(compare=False)
     allocation: tuple[str, int] | None = field(compare=False, default=None)
+    channels: tuple[tuple[str, int], ...] = field(compare=False, default=())
+    """Every channel of our pools it holds (channels_of)."""
+    channel_claim: ChannelClaim | None = field(compare=False, default=None)
+    """What the stray-claim sweep reads of it; None when it requests no channel."""
 
 
 def claim_record(obj: Any) -> ClaimRecord:
     raw = obj.to_dict()
     (raw.get("metadata") or {}).pop("managedFields", None)
-    return ClaimRecord(((raw.get("metadata") or {}).get("resourceVersion")) or "", raw, allocation_of(obj))
+    held = channels_of(raw)
+    return ClaimRecord(((raw.get("metadata") or {}).get("resourceVersion")) or "", raw, held[0] if held else None,
+                       held, channel_claim(raw))
 
 
 def slice_record(obj: Any) -> Any:

@@ -65,6 +65,12 @@ class Informer(Generic[T]):
             self.refresh()
         return self.items()
 
+    def sync(self) -> None:
+        """List now unless a watch keeps the cache current (what `fresh` does, without the copy:
+        for readers of an index its listeners keep)."""
+        if not self.watching:
+            self.refresh()
+
     def items(self) -> dict[Key, T]:
         with self._lock:
             return dict(self._items)

@@ -72,11 +72,24 @@ class NoRoom:
     """How many groups the job has (a MultiClique domain: one per clique)."""
     fitted: int = 0
     """How many of them found a clique before this one did not."""
+    exhausted: tuple[str, ...] = ()
+    """Cliques with room for the group whose channel pool has no channel left."""
+
+    @property
+    def reason(self) -> str:
+        """The Event's reason: ChannelPoolExhausted where the nodes had room but the pool had no channel."""
+        return "ChannelPoolExhausted" if self.exhausted else "NoCliqueRoom"
 
     def message(self) -> str:
         want = f"{self.group.pods} pods x {self.group.gpus_per_pod} GPUs"
         job = (f"a job of {self.groups} clique groups needs {self.groups} cliques with room, {self.fitted} have "
                "it; " if self.groups > 1 else "")
+        if self.exhausted:
+            shown = ", ".join(self.exhausted[:5]) + (f" and {len(self.exhausted) - 5} more"
+                                                     if len(self.exhausted) > 5 else "")
+            return (f"{job}every channel of clique{'s' if len(self.exhausted) > 1 else ''} {shown} is allocated "
+                    f"(ChannelPoolExhausted), where the nodes have room for {want}; the pods stay gated until a "
+                    "channel there is freed (a ComputeDomain deleted), or raise NvlfabricDriver channels_per_clique")
         if self.best_clique is None:
             return f"{job}no NVLink clique with a free channel and a schedulable node for {want}"
         return (f"{job}no NVLink clique has room for {want}: the most is {self.best_room} such pods, in clique "
@@ -132,7 +145,11 @@ def place(groups: Sequence[Group], nodes: Sequence[NodeRoom], free_channels: Map
         fitting = [(r, c) for r, c in options if r >= g.pods]
         if not fitting:
             best = max(options, default=None)
-            return NoRoom(g, best[1] if best else None, max(0, best[0]) if best else 0, len(groups), len(out))
+            exhausted = tuple(c for c, members in sorted(in_clique.items())
+                              if channels.get(c, 0) <= 0 and c not in taken and g.clique in (None, c)
+                              and room(c, members, held_in.get(c, ()), g) >= g.pods)
+            return NoRoom(g, best[1] if best else None, max(0, best[0]) if best else 0, len(groups), len(out),
+                          exhausted)
         _, chosen = min(fitting)
         out[g.key] = chosen
         taken.add(chosen)

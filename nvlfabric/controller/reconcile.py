@@ -45,7 +45,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import events, feasibility, imexauth, pools
+from nvlfabric.controller import events, feasibility, imexauth, pools, quota, strayclaims
 from nvlfabric.controller.admission import Admitter
 from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
     AgentNode,
@@ -53,6 +53,7 @@ from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, a
     Informers,
     allocation_of,
 )
+from nvlfabric.controller.members import Members
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
 
@@ -220,13 +221,13 @@ def _age_s(obj: Any, now: datetime.datetime) -> float:
     return (now - stamp).total_seconds() if isinstance(stamp, datetime.datetime) else 0.0
 
 
-def free_channels(allocations: Iterable[tuple[str, int] | None], per_clique: int) -> dict[str, int]:
-    """Clique → channels of its pool no domain's claim holds (pure)."""
-    used: dict[str, int] = {}
-    for a in allocations:
-        if a is not None:
-            used[a[0]] = used.get(a[0], 0) + 1
-    return {c: max(0, per_clique - n) for c, n in used.items()}
+def free_channels(held: Iterable[tuple[str, int]], per_clique: int) -> dict[str, int]:
+    """Clique → channels of its pool no claim holds (pure). `held`: every allocated channel device,
+    (clique, channel), of every claim, a domain's or not: a pool counts devices, not claims."""
+    used: dict[str, set[int]] = {}
+    for clique, channel in held:
+        used.setdefault(clique, set()).add(channel)
+    return {c: max(0, per_clique - len(n)) for c, n in used.items()}
 
 
 OWNER_TTL_S = 10.0
@@ -247,14 +248,18 @@ class Controller:
                  imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
                  informers: Informers | None = None,
                  imex_authentication: api.IMEXAuthentication = api.IMEXAuthentication.DISABLED,
-                 imex_cert_validity_s: float = names.DEFAULT_IMEX_CERT_VALIDITY_S) -> None:
+                 imex_cert_validity_s: float = names.DEFAULT_IMEX_CERT_VALIDITY_S,
+                 channel_quota_per_namespace: int = names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE) -> None:
         self.client = client
+        self.quotas = quota.Quotas(client, channel_quota_per_namespace)
         self.channels = channels_per_clique
         self.imex_modes = imex_modes
         self.imex_authentication = imex_authentication
         """The driver's default for dedicated domains whose spec does not say."""
         self.issuer = imexauth.Issuer(client, validity_s=imex_cert_validity_s)
         self.cache = informers or Informers.of(client)
+        self.members = Members(self.cache.nodes)
+        """Each domain's member entries, fabric health and Nodes per clique, kept per Node change."""
         self.clique_nodes: dict[str, int] = {}
         """Clique → Nodes its agents labelled with it, as of the last domain pass."""
         self._owner_read: tuple[float, pools.Owner | None] | None = None
@@ -284,7 +289,8 @@ class Controller:
             # Without the DeviceClass nobody can claim channels, and pools published now would
             # outlive an uninstall; publish once the driver install has created it.
             log.warning("DeviceClass %s does not exist; not publishing channel pools", names.DEVICE_CLASS)
-        cliques = {n.clique for n in self.cache.nodes.fresh().values() if n.clique}
+        self.cache.nodes.sync()
+        cliques = set(self.members.cliques())
         by_clique: dict[str | None, list[Any]] = {}
         for s in self.cache.slices.fresh().values():
             pool = (s.metadata.labels or {}).get(names.POOL_LABEL, "")
@@ -305,27 +311,10 @@ class Controller:
             self._pool_seen.pop(gone, None)
         return cliques
 
-    def agent_nodes(self) -> tuple[dict[str, str], dict[tuple[str, str], list[api.NodeStatus]]]:
-        """What the nodes' agents report, from their Nodes: unhealthy fabrics (Node name → why its
-        NVLinkFabricReady condition is False), and each ComputeDomain's member entries,
-        (namespace, name) → entries by node name (annotations `nvlfabric.io/cd-<hash>`; the entry's
-        name is its Node's, whatever the annotation says)."""
-        unhealthy: dict[str, str] = {}
-        entries: dict[tuple[str, str], list[api.NodeStatus]] = {}
-        cliques: dict[str, int] = {}
-        for n in self.cache.nodes.fresh().values():
-            if n.clique:
-                cliques[n.clique] = cliques.get(n.clique, 0) + 1
-            if n.unhealthy is not None:
-                unhealthy[n.name] = n.unhealthy
-            for namespace, name, entry in n.reports:
-                entries.setdefault((namespace, name), []).append(entry)
-        self.clique_nodes = cliques
-        return unhealthy, {k: sorted(v, key=lambda e: e.name) for k, v in entries.items()}
-
     def reconcile_domains(self) -> None:
         seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]], tuple[str, ...]]] = []
-        unhealthy, entries = self.agent_nodes()
+        self.cache.nodes.sync()
+        unhealthy, self.clique_nodes = self.members.unhealthy(), self.members.cliques()
         claims = self.cache.claims.fresh()
         for (namespace, name), record in sorted(self.cache.domains.fresh().items()):
             cd = record.cd
@@ -343,26 +332,27 @@ class Controller:
             for obj, cd, allocs, _ in seen if cd.spec.imex_mode is api.IMEXMode.DEDICATED])
         inventory = feasibility.Inventory(
             nodes=self.clique_nodes, modes=self.imex_modes, channels_per_clique=self.channels,
-            free_channels=free_channels((a for _, _, allocs, _ in seen for _, a in allocs), self.channels))
+            free_channels=free_channels((ch for rec in claims.values() for ch in rec.channels), self.channels))
         now = datetime.datetime.now(datetime.UTC)
-        live = set()
+        live, served = set(), set()
         tls: dict[str, imexauth.TlsDomain] = {}
         for obj, cd, allocs, claim_rvs in seen:
             key = _key(cd)
             live.add(key)
+            domain = (cd.metadata.namespace or "default", cd.metadata.name)
+            served.add(domain)
+            version, members = self.members.of(domain)
             try:
-                auth = self._imex_auth(obj, cd, entries, tls)
+                auth = self._imex_auth(obj, cd, members, tls)
             except errors.NvlfabricError as exc:
                 log.warning("ComputeDomain %s: IMEX authority: %s", key, exc)
                 continue
             placed = sum(1 for _, a in allocs if a is not None)
             why = feasibility.verdict(cd.spec, inventory, placed) if placed < len(allocs) else None
             blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
-            members = entries.get((cd.metadata.namespace or "default", cd.metadata.name), [])
+            # The members' version changes with their entries and their fabric health (members.py).
             inputs = ((obj.metadata.resourceVersion if obj.metadata else None), claim_rvs, blocked, slots.get(key),
-                      tuple((e.name, e.address, e.clique, e.ready, e.message, e.imex_trusts, e.imex_issuer,
-                             unhealthy.get(e.name)) for e in members),
-                      auth)
+                      version, auth)
             if self._domain_seen.get(key) == inputs:
                 continue  # nothing it is summarised from changed since its last pass
             try:
@@ -374,6 +364,7 @@ class Controller:
                 log.warning("ComputeDomain %s: %s", key, exc)
         for gone in self._domain_seen.keys() - live:
             del self._domain_seen[gone]
+        self.members.forget(served)
         try:
             if tls:
                 self.issuer.serve(tls)
@@ -383,7 +374,17 @@ class Controller:
         except errors.NvlfabricError as exc:
             log.warning("IMEX certificates: %s", exc)
 
-    def _imex_auth(self, obj: Any, cd: api.ComputeDomain, entries: Mapping[tuple[str, str], Sequence[api.NodeStatus]],
+    def reconcile_tenancy(self) -> None:
+        """Channel claims that are no live domain's own are deleted (strayclaims.py), and every
+        namespace with a domain keeps its channel quota (quota.py)."""
+        held = self.cache.domains.fresh()
+        domains = {(ns or "default", name): (str(r.obj.metadata.uid or ""), api.channel_claim_names(name, r.cd.spec))
+                   for (ns, name), r in held.items() if r.cd is not None and r.obj.metadata is not None}
+        strayclaims.sweep(self.client, ComputeDomainResource,
+                          {k: r.channel_claim for k, r in self.cache.claims.fresh().items()}, domains)
+        self.quotas.keep({ns or "default" for ns, _ in held})
+
+    def _imex_auth(self, obj: Any, cd: api.ComputeDomain, members: Sequence[api.NodeStatus],
                    tls: dict[str, imexauth.TlsDomain]) -> dict[str, str]:
         """The status fields of a dedicated domain's IMEX authentication (empty for a clique-scoped
         one); a TLS domain is added to `tls`, its authority made on first sight."""
@@ -394,7 +395,6 @@ class Controller:
             return {"imexAuthentication": mode.value}
         namespace, name = cd.metadata.namespace or "default", cd.metadata.name
         uid = str((obj.metadata.uid if obj.metadata else None) or "")
-        members = entries.get((namespace, name), ())
         requested = ((obj.metadata.annotations if obj.metadata else None) or {}).get(
             names.ROTATE_IMEX_AUTHORITY_ANNOTATION, "")
         auth, step = self.issuer.rotate(namespace, name, uid, requested, members)
@@ -489,6 +489,7 @@ class Controller:
                 with api_call("controller pass"):
                     self.reconcile_pools()
                     self.reconcile_domains()
+                    self.reconcile_tenancy()
             except errors.NvlfabricError as exc:
                 log.warning("reconcile pass failed, retrying at the next: %s", exc)
             if poke.wait(interval_s):

@@ -61,6 +61,7 @@ class ClaimState:
     allocated: bool = False
     ours: bool = False  # allocated from nvlfabric's pools: a channel claim
     clique: str | None = None  # the clique of the pool it was allocated from
+    channels: int = 0  # channel devices of our pools its allocation holds (a pool counts devices, not claims)
     job: str = ""  # its ComputeDomain (the claim's label): the claims of one domain are one job
     groups: int = 1  # CLIQUE_GROUPS_ANNOTATION: how many claims the job has (MultiClique)
     pinned: str | None = None  # the clique its selector pins (a domain's placement.clique)
@@ -136,7 +137,7 @@ def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
                       groups=groups, pinned=next((p for e in cel if (p := names.pinned_clique_of(e))), None),
                       imex_mode=modes[0] if modes else "",
                       reserved=tuple(r["uid"] for r in consumers),
-                      allocated=allocation is not None, ours=bool(ours),
+                      allocated=allocation is not None, ours=bool(ours), channels=len(ours),
                       clique=names.clique_of_pool(ours[0].get("pool", "")) if ours else None)
 
 

@@ -104,6 +104,7 @@ class Reserver:
         self.cache = informers or Informers.of(client)
         self.cache.claims.listen(lambda kind, key, old, new: self._claim_changed(
             kind, key, None if new is None else new.raw))
+        self.cache.domains.listen(self._domain_changed)
         self.channels_per_clique = channels_per_clique
         self.imex_modes = frozenset(m.value for m in imex_modes)
         """A claim of another mode is never placed nor let through: no node would prepare it, and
@@ -317,12 +318,15 @@ class Reserver:
         return out
 
     def _free_channels(self) -> dict[str, int]:
+        """Clique → channels left in its pool: every allocated claim's devices (whatever its shape:
+        a pool counts devices, not claims), and one per claim placed here and not allocated yet."""
         used: dict[str, int] = {}
         for key, st in self._claims.items():
-            clique = st.clique if st.allocated else self._placed.get(key)
-            if clique:
+            if st.allocated and st.clique:
+                used[st.clique] = used.get(st.clique, 0) + st.channels
+            elif not st.allocated and (clique := self._placed.get(key)):
                 used[clique] = used.get(clique, 0) + 1
-        return {c: self.channels_per_clique - n for c, n in used.items()}
+        return {c: max(0, self.channels_per_clique - n) for c, n in used.items()}
 
     def _waiting(self, key: Key, now: float) -> placement.Group | None:
         """The claim's group if it is to be placed now (call with the lock held): complete, every
@@ -330,12 +334,33 @@ class Reserver:
         neither allocated nor placed yet, of a mode the driver allows."""
         claim, users = self._claims.get(key), self._users(key)
         if (claim is None or claim.allocated or key in self._placed or not users or not all(p.gated for p in users)
-                or not complete(users, now - self._last_user.get(key, now)) or not self._allowed(claim)):
+                or not complete(users, now - self._last_user.get(key, now)) or not self._allowed(key, claim)):
             return None
         return group_of(key, users, claim.pinned)
 
-    def _allowed(self, claim: ClaimState) -> bool:
-        return not claim.imex_mode or claim.imex_mode in self.imex_modes
+    def _allowed(self, key: Key, claim: ClaimState) -> bool:
+        """Of a mode the driver allows, and, where the domains are watched, its owner a live domain
+        whose claim it is: a stray claim (controller/strayclaims.py) is never placed, so its gated
+        pods never get it a channel before the controller deletes it."""
+        if claim.imex_mode and claim.imex_mode not in self.imex_modes:
+            return False
+        if not self.cache.domains.synced.is_set():
+            return True  # a Reserver of its own cache (tests) does not watch domains
+        if claim.domain is None:
+            return False
+        record = self.cache.domains.get((key[0], claim.domain[0]))
+        return (record is not None and record.cd is not None and record.obj.metadata is not None
+                and record.obj.metadata.uid == claim.domain[1]
+                and key[1] in api.channel_claim_names(record.cd.metadata.name, record.cd.spec))
+
+    def _domain_changed(self, kind: str, key: Any, old: Any, new: Any) -> None:
+        """A domain that comes (its watch event after its claim's) makes its claims worth a pass."""
+        record = new
+        if old is not None or record is None or record.cd is None:
+            return  # only a domain's arrival: its status writes are no news to placement
+        with self._lock:
+            self._dirty.update((key[0], c) for c in api.channel_claim_names(record.cd.metadata.name, record.cd.spec))
+            self._lock.notify()
 
     def _jobs(self, keys: Sequence[Key], now: float) -> list[tuple[list[placement.Group], set[str], list[Key]]]:
         """What to place (call with the lock held): per job, the groups to place together, the
@@ -480,7 +505,7 @@ class Reserver:
         if users:
             targets.append(("Pod", "v1", users[0].name, users[0].uid))
         for kind, api_version, name, uid in targets:
-            event(self.client, key[0], kind, api_version, name, uid, "NoCliqueRoom", message)
+            event(self.client, key[0], kind, api_version, name, uid, why.reason, message)
 
     # -- gates -----------------------------------------------------------------------------------
 

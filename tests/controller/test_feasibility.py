@@ -88,9 +88,19 @@ def test_the_summary_of_a_blocked_domain_carries_its_reason_until_it_has_a_chann
     assert out["phase"] == "Allocating"
 
 
-def test_free_channels_count_what_the_domains_hold_per_clique() -> None:
-    assert free_channels([(A, 1), (A, 2), (B, 1), None], 4) == {A: 2, B: 3}
+def test_free_channels_count_the_devices_claims_hold_per_clique() -> None:
+    assert free_channels([(A, 1), (A, 2), (B, 1)], 4) == {A: 2, B: 3}
     assert free_channels([(A, n) for n in range(1, 9)], 4) == {A: 0}
+
+
+def test_a_claim_of_many_channels_counts_each_of_them_and_exhausts_the_pool() -> None:
+    """Issue 49: one hand-written claim holding 3 of a 4-channel pool left 3 free by the old count
+    (one per claim): the domain waiting for a channel then read NoChannel, not ChannelPoolExhausted."""
+    one_claim = [(A, 1), (A, 2), (A, 3)]  # the devices of a single claim's allocation
+    assert free_channels([*one_claim, (A, 4)], 4) == {A: 0}
+    why = verdict(spec(), Inventory(nodes={A: 2}, free_channels=free_channels([*one_claim, (A, 4)], 4),
+                                    modes=frozenset(api.IMEXMode), channels_per_clique=4))
+    assert why is not None and why.reason == "ChannelPoolExhausted", why
 
 
 # -- the rule against the search it stands for ------------------------------------------------------

@@ -44,7 +44,8 @@ def test_a_clique_without_a_free_channel_is_not_chosen() -> None:
     nodes = rack("a", [4] * RACK) + rack("b", [4] * RACK)
     assert place([Group(("ns", "x"), 18, 4)], nodes, {"a": 0, "b": 3}) == {("ns", "x"): "b"}
     none = place([Group(("ns", "x"), 1, 1)], nodes, {"a": 0, "b": 0})
-    assert isinstance(none, NoRoom) and "no NVLink clique with a free channel" in none.message()
+    assert isinstance(none, NoRoom) and none.reason == "ChannelPoolExhausted"
+    assert "every channel of cliques a, b is allocated (ChannelPoolExhausted)" in none.message()
 
 
 def test_a_job_of_groups_gets_distinct_cliques_or_nothing() -> None:

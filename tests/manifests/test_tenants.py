@@ -1,8 +1,8 @@
 """Tenants who cannot reach each other (docs/tenants.md), tried as a tenant on a real API server.
 
-The tenant is a service account of namespace `tenant-b-*` with what a platform gives a team in its
-own namespace: create, get, list and delete of ResourceClaims, ResourceClaimTemplates, Pods and
-ComputeDomains. The scheduler allocates a channel of a clique's pool to any claim of the DeviceClass
+The tenant is a service account of namespace `tenant-b-*` bound to the built-in ClusterRole `edit`
+there, as a platform gives a team its namespace; nvlfabric's `nvlfabric-edit` is aggregated into
+it. The scheduler allocates a channel of a clique's pool to any claim of the DeviceClass
 `imex-channel.nvlfabric.io` a pod uses, before any agent can refuse it, so the driver's admission
 policy `nvlfabric-channel-claims` refuses, at creation, every channel claim that is not a
 ComputeDomain's own claim of the same namespace; how many channels a namespace may hold is its
@@ -23,7 +23,9 @@ from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import ResourceQuotaSpec, ResourceQuotaStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, ResourceQuota
+from lightkube.resources.rbac_authorization_v1 import ClusterRole
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
+from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
@@ -59,7 +61,7 @@ def tenants(cluster: Cluster) -> Iterator[Tenants]:
         tenant = make_tenant(admin, kubeconfig, a, b)
         t = Tenants(admin=admin, tenant=tenant, a=a, b=b)
         policy_in_effect(lambda: admin.create(codecs.from_dict(_claim(b, "probe")), dry_run=True))
-        eventually("the tenant's Role to be in effect", lambda: _can_list(t))
+        eventually("the tenant's `edit` (with nvlfabric-edit aggregated) to be in effect", lambda: _can_list(t))
         yield t
     finally:
         if tenant is not None:
@@ -72,9 +74,10 @@ def tenants(cluster: Cluster) -> Iterator[Tenants]:
 
 def _can_list(t: Tenants) -> bool:
     try:
-        t.tenant.list(ResourceClaim, namespace=t.b)
+        list(t.tenant.list(ResourceClaim, namespace=t.b))
+        list(t.tenant.list(ComputeDomainResource, namespace=t.b))
     except ApiError as exc:
-        if exc.status.code == 403:
+        if exc.status.code in (403, 429):  # RBAC's aggregation, or the CRD's storage, on its way
             return False
         raise
     return True
@@ -128,7 +131,8 @@ def test_a_claim_its_domain_does_not_own_is_refused(tenants: Tenants) -> None:
     claim["metadata"].update(name="extra", ownerReferences=[])
     msg = denied(lambda: tenants.tenant.create(codecs.from_dict(claim)))
     assert f"ResourceClaim {tenants.b}/extra is not owned by the ComputeDomain its configuration names " \
-           f"({tenants.b}/mine, uid {own.metadata.uid})" in msg, msg
+           f"({tenants.b}/mine, uid {own.metadata.uid}, a controller owner reference of apiVersion " \
+           f"{api.API_VERSION})" in msg, msg
     claim["metadata"]["ownerReferences"] = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "mine",
                                             "uid": str(uuid.uuid4())}]
     assert "is not owned by" in denied(lambda: tenants.tenant.create(codecs.from_dict(claim)))
@@ -167,3 +171,74 @@ def test_the_tenants_own_domain_claim_is_admitted_and_quota_bounds_its_channels(
     assert info.value.status.code == 403 and "exceeded quota: channels" in (info.value.status.message or "")
     assert QUOTA_KEY in (info.value.status.message or "")
     assert _claims(tenants) == ["first-channel"]
+
+
+def _owned(claim: dict[str, Any], **ref: Any) -> dict[str, Any]:
+    """The claim with its owner reference changed."""
+    claim["metadata"]["ownerReferences"] = [{**claim["metadata"]["ownerReferences"][0], **ref}]
+    return claim
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    (lambda c: _owned(c, apiVersion="nvlfabric.io/v9"), "is not owned by"),  # no such version is served
+    (lambda c: _owned(c, apiVersion="nvlfabric.io.evil/v1alpha1"), "is not owned by"),
+    (lambda c: _owned(c, controller=False), "is not owned by"),
+    (lambda c: _owned(c, kind="ConfigMap"), "is not owned by"),
+    (lambda c: c["spec"]["devices"]["requests"][0]["exactly"].update(count=127) or c,
+     "(request channel has count 127)"),
+    (lambda c: (c["spec"]["devices"]["requests"][0]["exactly"].pop("count") and
+     c["spec"]["devices"]["requests"][0]["exactly"].update(allocationMode="All")) or c,
+     "(request channel has allocationMode All)"),
+    (lambda c: c["spec"]["devices"]["requests"][0]["exactly"].update(adminAccess=True) or c,
+     "(request channel has adminAccess)"),  # where the platform allows admin access in the namespace
+    (lambda c: c["spec"]["devices"]["requests"].append(
+        {"name": "more", "exactly": {"deviceClassName": names.DEVICE_CLASS}}) or c, "(2 requests)"),
+    (lambda c: c["spec"]["devices"].update(requests=[{"name": "channel", "firstAvailable": [
+        {"name": "a", "deviceClassName": names.DEVICE_CLASS, "count": 2}]}]) or c,
+     "request channel uses firstAvailable"),
+], ids=["unserved-version", "other-group", "not-controller", "not-a-domain", "count", "all-mode", "admin-access",
+        "two-requests", "first-available"])
+def test_a_claim_of_another_shape_than_its_domains_is_refused(tenants: Tenants, change: Any, refusal: str) -> None:
+    """Issue 49: an owner of a version the API does not serve passed (`startsWith('nvlfabric.io/')`),
+    and count/allocationMode were unbounded: with `edit` alone a tenant allocated 127 of a clique's
+    128 channels with no ComputeDomain anywhere. One shape is admitted, the provider's."""
+    if "adminAccess" in refusal:  # else the API server refuses it first, without the namespace's label
+        tenants.admin.patch(Namespace, tenants.b, {"metadata": {"labels": {"resource.kubernetes.io/admin-access":
+                                                                           "true"}}})
+    name = f"shaped-{uuid.uuid4().hex[:5]}"
+    own = _domain(tenants.tenant, tenants.b, name)
+    claim = change(_domain_claim(tenants.b, name, own.metadata.uid))
+    claim["metadata"]["name"] = "odd"
+    msg = denied(lambda: tenants.tenant.create(codecs.from_dict(claim)))
+    assert f"ResourceClaim {tenants.b}/odd" in msg and refusal in msg, msg
+    assert "odd" not in _claims(tenants)
+
+
+def test_edit_gives_a_team_its_domains_and_nothing_of_their_status_or_other_namespaces(tenants: Tenants) -> None:
+    """nvlfabric-edit and nvlfabric-view aggregate into the built-in roles: `edit` in its own
+    namespace is all a platform grants for a team to declare its domains."""
+    mine = _domain(tenants.tenant, tenants.b, "declared")
+    assert "declared" in [d.metadata.name for d in tenants.tenant.list(ComputeDomainResource, namespace=tenants.b)]
+    tenants.tenant.patch(ComputeDomainResource, "declared", {"spec": {"numNodes": 2}}, namespace=tenants.b,
+                         patch_type=PatchType.MERGE)
+    with pytest.raises(ApiError) as info:  # the status is the controller's
+        tenants.tenant.patch(ComputeDomainResource.Status, "declared", {"status": {"phase": "Ready"}},
+                             namespace=tenants.b, patch_type=PatchType.MERGE)
+    assert info.value.status.code == 403
+    with pytest.raises(ApiError) as info:  # nothing in another namespace
+        _domain(tenants.tenant, tenants.a, "elsewhere")
+    assert info.value.status.code == 403
+    with pytest.raises(ApiError) as info:
+        list(tenants.tenant.list(ComputeDomainResource, namespace=tenants.a))
+    assert info.value.status.code == 403
+    tenants.tenant.delete(ComputeDomainResource, "declared", namespace=tenants.b)
+    assert mine.metadata.uid
+
+
+def test_the_aggregated_roles_say_what_they_grant(tenants: Tenants) -> None:
+    edit, view = tenants.admin.get(ClusterRole, "edit"), tenants.admin.get(ClusterRole, "view")
+    def grants(role: Any, verb: str) -> bool:
+        return any(names.GROUP in (r.apiGroups or []) and "computedomains" in (r.resources or []) and verb in r.verbs
+                   for r in role.rules or [])
+    assert grants(edit, "create") and grants(edit, "delete") and grants(view, "list")
+    assert not grants(view, "create")

@@ -1,6 +1,6 @@
 """Service-account clients as the driver's processes and a platform's tenants hold them: a fresh
 TokenRequest token (pod-bound when asked, as a projected token is), and a tenant set up as a
-platform sets up a team (its namespace, service account and a namespaced Role)."""
+platform sets up a team (its namespace, service account and `edit` there)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
 from nvlfabric.api import names
 
@@ -42,24 +42,16 @@ def token_client(admin: Client, server: str, ca_data: str, service_account: str,
     return Client(config=config, field_manager=manager)
 
 
-def tenant_rules() -> list[PolicyRule]:
-    """What a platform gives a team in its namespace: claims, claim templates, pods and ComputeDomains."""
-    verbs = ["create", "get", "list", "watch", "delete"]
-    return [PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims", "resourceclaimtemplates"],
-                       verbs=verbs),
-            PolicyRule(apiGroups=[""], resources=["pods"], verbs=verbs),
-            PolicyRule(apiGroups=[names.GROUP], resources=["computedomains"], verbs=verbs)]
-
-
 def make_tenant(admin: Client, kubeconfig: dict[str, Any], other: str, own: str) -> Client:
-    """Namespaces `other` and `own`, and a client of the tenant's service account of `own` with a
-    Role there (`tenant_rules`), as a platform sets a team up."""
+    """Namespaces `other` and `own`, and a client of the tenant's service account of `own` bound to
+    the built-in ClusterRole `edit` there (a RoleBinding: nothing in any other namespace), as a
+    platform sets a team up. What `edit` gives on ComputeDomains is nvlfabric's aggregated
+    `nvlfabric-edit` (driver.yaml)."""
     for ns in (other, own):
         admin.create(Namespace(metadata=ObjectMeta(name=ns)))
     admin.create(ServiceAccount(metadata=ObjectMeta(name=TENANT, namespace=own)))
-    admin.create(Role(metadata=ObjectMeta(name=TENANT, namespace=own), rules=tenant_rules()))
     admin.create(RoleBinding(metadata=ObjectMeta(name=TENANT, namespace=own), roleRef=RoleRef(
-        apiGroup="rbac.authorization.k8s.io", kind="Role", name=TENANT),
+        apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"),
         subjects=[Subject(kind="ServiceAccount", name=TENANT, namespace=own)]))
     cluster = kubeconfig["clusters"][0]["cluster"]
     return token_client(admin, cluster["server"], cluster["certificate-authority-data"], TENANT, bound_pod=None,
