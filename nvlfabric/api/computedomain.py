@@ -303,7 +303,8 @@ class ComputeDomainSpec(_Spec):
     channel_allocation_mode: ChannelAllocationMode = Field(
         ChannelAllocationMode.SINGLE, alias="channelAllocationMode",
         description="Single (default): each pod gets the one IMEX channel allocated to this ComputeDomain. "
-                    "All: each pod gets every channel (0-2047); allowed only with imexMode Dedicated. "
+                    "All: each pod gets every channel of this ComputeDomain (never another domain's, unlike "
+                    "NVIDIA's 0-2047); allowed only with imexMode Dedicated. "
                     "Immutable.",
         json_schema_extra=_immutable("channelAllocationMode", _WHY["channelAllocationMode"]),
     )

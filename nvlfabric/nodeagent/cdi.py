@@ -7,7 +7,8 @@ driver and NVIDIA's compute-domain plugin):
 - one transient spec file per claim, `k8s.channel.nvlfabric.io-claim_<claimUID>.json` (the CDI
   transient-spec name `vendor-class_<id>`), written to the dynamic CDI directory (`/var/run/cdi`);
 - device names carry the claim UID, so a runtime never serves a cached spec under a reused name:
-  `<claimUID>-channel-<N>` for one channel (allocation mode Single), `<claimUID>-channels` for a set.
+  `<claimUID>-channel-<N>` for one channel (allocation mode Single), `<claimUID>-channels` for a set
+  (allocation mode All, however many channels the set holds).
 
 Each device injects, for every channel N it holds, the node `/dev/nvidia-caps-imex-channels/channel<N>`
 (type c, the major of `nvidia-caps-imex-channels` in /proc/devices, minor N). The runtime creates the
@@ -17,8 +18,11 @@ ascending, when the device holds several channels) tell the workload what it got
 
 Allocation mode All: NVIDIA injects all 2048 channels of the node, which gives the pod every other
 ComputeDomain's channel too and defeats channel isolation (and a 2048-node spec is ~250 kB that every
-runtime re-reads). Here "All" means every channel of *the claim's ComputeDomain*: one device,
-`<claimUID>-channels`, with one deviceNode per channel in the CD's set (normally a handful).
+runtime re-reads). Here "All" means every channel of *the claim's ComputeDomain* on this node, never
+another domain's: one device, `<claimUID>-channels`, with one deviceNode per channel in the CD's set
+(a domain's claim holds one channel, so today the set is that one channel). The set's name does not
+depend on its size, so a spec an earlier agent wrote with all 2048 channels is narrowed under the
+device ID the kubelet already holds (prepared.py).
 
 `cdiVersion` is 0.5.0, the lowest that covers what we use: device names may start with a digit from
 0.5.0 on, and ours start with the claim UID, which often does. deviceNodes with type/major/minor and
@@ -101,11 +105,12 @@ def spec_file_name(claim_uid: str) -> str:
     return f"{names.CDI_SPEC_PREFIX}{_check_uid(claim_uid)}.json"
 
 
-def device_name(claim_uid: str, channels: Sequence[int]) -> str:
-    """`<claimUID>-channel-<N>` for one channel, `<claimUID>-channels` for several."""
+def device_name(claim_uid: str, channels: Sequence[int], *, channel_set: bool = False) -> str:
+    """`<claimUID>-channel-<N>` for one channel, `<claimUID>-channels` for several or for a set
+    (`channel_set`: allocation mode All, whatever its size)."""
     chosen = _check_channels(channels)
     uid = _check_uid(claim_uid)
-    return f"{uid}-channel-{chosen[0]}" if len(chosen) == 1 else f"{uid}-channels"
+    return f"{uid}-channel-{chosen[0]}" if len(chosen) == 1 and not channel_set else f"{uid}-channels"
 
 
 def channel_path(channel: int) -> str:
@@ -113,15 +118,17 @@ def channel_path(channel: int) -> str:
     return f"{names.IMEX_CHANNEL_DIR}/channel{channel}"
 
 
-def claim_spec(*, claim_uid: str, channels: Sequence[int], major: int, compute_domain: str) -> Spec:
-    """The transient spec of one prepared claim: one device holding all of the claim's channels."""
+def claim_spec(*, claim_uid: str, channels: Sequence[int], major: int, compute_domain: str,
+               channel_set: bool = False) -> Spec:
+    """The transient spec of one prepared claim: one device holding all of the claim's channels
+    (`channel_set`: allocation mode All, named as a set)."""
     chosen = _check_channels(channels)
     nodes = [DeviceNode(path=channel_path(c), type="c", major=major, minor=c) for c in chosen]
     edits = ContainerEdits(
         env=[f"{ENV_COMPUTE_DOMAIN}={compute_domain}", f"{ENV_CHANNEL}={channel_list(chosen)}"],
         device_nodes=nodes,
     )
-    device = Device(name=device_name(claim_uid, chosen), container_edits=edits)
+    device = Device(name=device_name(claim_uid, chosen, channel_set=channel_set), container_edits=edits)
     return Spec(cdi_version=CDI_VERSION, kind=names.CDI_KIND, devices=[device])
 
 

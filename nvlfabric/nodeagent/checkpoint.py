@@ -24,6 +24,7 @@ fsync of the directory). Version 1 (shown indented):
           "channels": [5],               # IMEX channel numbers, sorted
           "imexDomainId": "...",
           "device": "<pool>/<device>",   # the allocated pool device (optional, added in v1)
+          "channelAllocationMode": "All",  # allocation mode All (optional, added in v1; absent: Single)
           "cdi": {"specFile": "...", "deviceIds": ["..."]},      # once completed
           "startedAt": "<RFC 3339>", "completedAt": "...", "abortedAt": "..."   # the ones that apply
         }
@@ -75,6 +76,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nvlfabric.api.computedomain import ChannelAllocationMode
 from nvlfabric.nodeagent.checkpointstate import (
     STALE_PREPARE_WINDOW,
     Allocation,
@@ -89,6 +91,7 @@ from nvlfabric.nodeagent.checkpointstate import (
     complete_prepare,
     expire_aborted,
     remove,
+    rewrite,
     start_prepare,
 )
 
@@ -116,6 +119,7 @@ __all__ = [
     "load",
     "read_boot_id",
     "remove",
+    "rewrite",
     "save",
     "start_prepare",
 ]
@@ -144,6 +148,9 @@ class CdiV1(_Lenient):
     device_ids: list[str] = Field(default_factory=list, alias="deviceIds")
 
 
+_SINGLE, _ALL = ChannelAllocationMode.SINGLE.value, ChannelAllocationMode.ALL.value
+
+
 class ClaimV1(_Lenient):
     namespace: str
     name: str
@@ -152,6 +159,7 @@ class ClaimV1(_Lenient):
     channels: list[int]
     imex_domain_id: str = Field(alias="imexDomainId")
     device: str | None = None
+    channel_allocation_mode: str | None = Field(default=None, alias="channelAllocationMode")
     cdi: CdiV1 | None = None
     started_at: datetime = Field(alias="startedAt")
     completed_at: datetime | None = Field(default=None, alias="completedAt")
@@ -174,19 +182,22 @@ def _entry_to_v1(entry: ClaimEntry) -> ClaimV1:
         compute_domain=ComputeDomainRefV1(uid=entry.allocation.compute_domain_uid,
                                           name=entry.allocation.compute_domain_name),
         channels=list(entry.allocation.channels), imex_domain_id=entry.allocation.imex_domain_id,
-        device=entry.allocation.device or None, cdi=cdi,
+        device=entry.allocation.device or None,
+        channel_allocation_mode=_ALL if entry.allocation.all_channels else None, cdi=cdi,
         started_at=entry.started_at, completed_at=entry.completed_at, aborted_at=entry.aborted_at,
     )
 
 
 def _entry_from_v1(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
     v1 = ClaimV1.model_validate(raw)
+    if v1.channel_allocation_mode not in (None, _SINGLE, _ALL):
+        raise ValueError(f"channelAllocationMode {v1.channel_allocation_mode!r} is not one this agent knows")
     return ClaimEntry(
         claim=ClaimRef(uid=uid, namespace=v1.namespace, name=v1.name),
         state=ClaimState(v1.state),
         allocation=Allocation(compute_domain_uid=v1.compute_domain.uid, compute_domain_name=v1.compute_domain.name,
                               channels=tuple(v1.channels), imex_domain_id=v1.imex_domain_id,
-                              device=v1.device or ""),
+                              device=v1.device or "", all_channels=v1.channel_allocation_mode == _ALL),
         cdi_spec_file=v1.cdi.spec_file if v1.cdi else "",
         cdi_device_ids=tuple(v1.cdi.device_ids) if v1.cdi else (),
         started_at=v1.started_at, completed_at=v1.completed_at, aborted_at=v1.aborted_at,

@@ -48,6 +48,7 @@ __all__ = [
     "complete_prepare",
     "expire_aborted",
     "remove",
+    "rewrite",
     "start_prepare",
 ]
 
@@ -95,11 +96,15 @@ class Allocation:
     compute_domain_uid: NonEmpty
     compute_domain_name: NonEmpty
     channels: tuple[Channel, ...] = Field(min_length=1)
-    """IMEX channels, sorted and unique (one for allocation mode Single, the CD's set for All)."""
+    """IMEX channels, sorted and unique: the claim's own channel, in either allocation mode (All
+    means every channel of the claim's ComputeDomain on this node, never another domain's)."""
     imex_domain_id: NonEmpty
     device: str = ""
     """The allocated pool device, `<pool>/<device>` (e.g. `clique-<id>/channel-5`): what the kubelet's
     health stream names. Empty in entries written before it was recorded."""
+    all_channels: bool = False
+    """Allocation mode All: the claim's CDI device is the set `<claimUID>-channels` (cdi.py), whatever
+    the number of channels in it."""
 
     def same_as(self, other: Allocation) -> bool:
         """Equal, where an entry written before devices were recorded matches on the rest."""
@@ -111,6 +116,12 @@ class Allocation:
     @classmethod
     def _sorted_unique(cls, value: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(set(value)))
+
+    @property
+    def every_channel_of_the_node(self) -> bool:
+        """The form an agent before issue 49 recorded for allocation mode All: channels 0..2047, every
+        channel of the node, other ComputeDomains' included (narrowed at start, PreparedClaims)."""
+        return len(self.channels) == IMEX_CHANNEL_COUNT
 
 
 @pydantic_dataclass(frozen=True, slots=True, kw_only=True, config=_RECORD)
@@ -268,6 +279,16 @@ def abort(cp: Checkpoint, uid: str, *, now: datetime) -> Checkpoint:
 def remove(cp: Checkpoint, uid: str) -> Checkpoint:
     """Forget the claim, whatever its state (Unprepare of a completed claim, after its cleanup)."""
     return cp._without([uid])
+
+
+def rewrite(cp: Checkpoint, entry: ClaimEntry) -> Checkpoint:
+    """Put `entry` in place of the claim's entry, in the same state (an upgrade narrowing what an
+    earlier agent recorded; PreparedClaims.narrow_every_channel)."""
+    current = cp.get(entry.uid)
+    if current is None or current.state is not entry.state:
+        raise InvalidTransition(entry.uid, current.state if current else None, "rewrite",
+                                f"the entry to rewrite is {entry.state.value}")
+    return cp._with(entry)
 
 
 def expire_aborted(cp: Checkpoint, *, now: datetime) -> Checkpoint:

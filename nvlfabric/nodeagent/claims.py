@@ -4,8 +4,12 @@
 The reference the kubelet sends must be well-formed (namespace, name and UID as the API server makes
 them); the live claim must still have the requested UID, be allocated, hold a result of our driver
 from a clique pool of this node's clique, and carry our opaque config, which is decoded strictly
-(nvlfabric/api/channelconfig.py). `allocation_of` turns a validated claim into what the checkpoint
-records for it (channels, IMEX domain, pool device).
+(nvlfabric/api/channelconfig.py). Then the claim must be its ComputeDomain's own (`get_domain`,
+`check_owner`): the domain its config names exists in the claim's namespace with the config's UID,
+owns the claim (owner reference of our API version and kind, the domain's name and UID), and names
+it among its channel claims; a tenant's hand-written claim, or one carrying another namespace's
+domain UID, gets no channel. `allocation_of` turns a validated claim into what the checkpoint
+records for it (its own channel, in allocation mode All too; IMEX domain; pool device).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ __all__ = [
     "ValidClaim",
     "allocation_of",
     "check_imex_mode",
+    "check_owner",
     "check_ref",
     "claim_name",
     "get_claim",
+    "get_domain",
     "is_uid",
     "show",
     "validate",
@@ -154,6 +160,93 @@ def _config(c: ClaimRef, raw: Any) -> ChannelConfig:
     return config
 
 
+def get_domain(client: Client, c: ClaimRef, config: ChannelConfig) -> dict[str, Any]:
+    """The ComputeDomain the claim's config names, read in the claim's own namespace (`_config`
+    allowed no other): the one read of it a cold prepare makes (a Dedicated one's IMEX view comes
+    from it too)."""
+    cd = config.compute_domain.name
+    try:
+        return client.get(kubeapi.path(api.API_VERSION, api.PLURAL, cd, namespace=c.namespace))
+    except errors.NotFound as exc:
+        raise PrepareError(f"claim {claim_name(c)}: its configuration names ComputeDomain "
+                           f"{c.namespace}/{cd}, which does not exist; "
+                           + _made_by_domain(f"{cd}{api.CHANNEL_CLAIM_SUFFIX}, unless the domain's "
+                                             "spec.channelClaim names another")) from exc
+
+
+def _made_by_domain(claims: str) -> str:
+    """The way out of every ownership refusal."""
+    return (f"a channel claim is made by its ComputeDomain: declare the domain, and name its claim ({claims}) "
+            "in the pods' spec.resourceClaims[].resourceClaimName, never a claim written by hand")
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./\-]*$")
+
+
+def _ref_field(ref: dict[str, Any], key: str) -> str:
+    """One field of an owner reference for a message (user input: quoted when odd, cut when long)."""
+    value = str(ref.get(key, ""))
+    text = value if _PLAIN.match(value) else repr(value)
+    return text if len(text) <= 63 else f"{text[:63]}...({len(value)} characters)"
+
+
+def _owner_refs(refs: list[Any]) -> str:
+    """The claim's own owner references for a message (at most 3)."""
+    shown = [f"{_ref_field(r, 'apiVersion')} {_ref_field(r, 'kind')} {_ref_field(r, 'name')} "
+             f"(uid {_ref_field(r, 'uid')})" for r in refs[:3] if isinstance(r, dict)]
+    more = f" and {len(refs) - 3} more" if len(refs) > 3 else ""
+    return ", ".join(shown) + more if shown else "none"
+
+
+def check_owner(c: ClaimRef, claim: dict[str, Any], domain: dict[str, Any], config: ChannelConfig, *,
+                prepared_here: bool) -> None:
+    """The claim is its ComputeDomain's own: the domain its config names has the config's UID, owns
+    the claim (an owner reference of exactly our API version and kind, the domain's name and UID)
+    and names it among its channel claims. Everything a message names is in the claim's namespace.
+
+    A domain being deleted still answers for a claim `prepared_here` (its entry is completed on this
+    node: a repeated prepare after an agent restart); a new prepare of it is refused: the claim goes
+    with the domain, and a pod that would start on it now would lose its channel at once."""
+    ns, cd = c.namespace, config.compute_domain
+    meta = domain.get("metadata") or {}
+    live_uid = meta.get("uid")
+    claim_names = _channel_claim_names(c, cd.name, domain)
+    fix = _made_by_domain(" or ".join(claim_names))
+    if live_uid != cd.uid:
+        raise PrepareError(f"claim {claim_name(c)}: its configuration names ComputeDomain {ns}/{cd.name} with uid "
+                           f"{cd.uid}, but {ns}/{cd.name} has uid {show(str(live_uid))}: the claim is not that "
+                           f"domain's (it was made for an earlier domain of that name, or by hand); {fix}")
+    refs = (claim.get("metadata") or {}).get("ownerReferences") or []
+    if not any(isinstance(r, dict) and (r.get("apiVersion"), r.get("kind"), r.get("name"), r.get("uid"))
+               == (api.API_VERSION, api.KIND, cd.name, cd.uid) for r in refs):
+        raise PrepareError(f"claim {claim_name(c)} is not owned by ComputeDomain {ns}/{cd.name}: it needs the owner "
+                           f"reference apiVersion {api.API_VERSION}, kind {api.KIND}, name {cd.name}, uid {cd.uid}, "
+                           f"and has {_owner_refs(refs)}; {fix}")
+    if c.name not in claim_names:
+        raise PrepareError(f"claim {claim_name(c)} is not a channel claim of ComputeDomain {ns}/{cd.name}, whose "
+                           f"claim{'s are' if len(claim_names) > 1 else ' is'} {', '.join(claim_names)}; {fix}")
+    if meta.get("deletionTimestamp") and not prepared_here:
+        raise PrepareError(f"claim {claim_name(c)}: ComputeDomain {ns}/{cd.name} is being deleted, so its channel "
+                           "is not prepared for a new pod (pods that have it keep it); once the domain is gone, "
+                           "declare it again for new pods")
+
+
+def _channel_claim_names(c: ClaimRef, name: str, domain: dict[str, Any]) -> list[str]:
+    """The domain's channel claims, from the two spec fields that name them (so a field a newer CRD
+    added elsewhere in the spec does not stop the check)."""
+    raw = domain.get("spec") or {}
+    try:
+        spec = api.ComputeDomainSpec.model_validate(
+            {k: raw[k] for k in ("channelClaim", "placement") if isinstance(raw, dict) and k in raw})
+    except ValidationError as exc:
+        found = exc.errors()[0]
+        where = ".".join(str(p) for p in found["loc"]) or "(spec)"
+        raise PrepareError(f"claim {claim_name(c)}: ComputeDomain {c.namespace}/{name} has a spec this agent cannot "
+                           f"read (at spec.{where}: {found['msg']}); is the nvlfabric agent older than its "
+                           "ComputeDomain CRD?") from exc
+    return api.channel_claim_names(name, spec)
+
+
 def check_imex_mode(c: ClaimRef, config: ChannelConfig, allowed: frozenset[api.IMEXMode]) -> None:
     if config.imex_mode not in allowed:
         raise PrepareError(
@@ -172,8 +265,10 @@ def allocation_of(c: ClaimRef, pool: str, device: str, config: ChannelConfig) ->
     channel, clique = names.channel_of_device(device), names.clique_of_pool(pool)
     if channel is None or clique is None:  # validate checked both
         raise PrepareError(f"claim {claim_name(c)}: device {pool}/{device} is not a channel")
+    # All is every channel of the claim's own ComputeDomain on this node, never another domain's
+    # (NVIDIA's driver gives 0..2047, other teams' channels included): a domain's claim holds one.
     return checkpoint.Allocation(
         compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
-        channels=tuple(range(names.IMEX_CHANNEL_COUNT)) if every else (channel,),
+        channels=(channel,), all_channels=every,
         imex_domain_id=sys.intern(f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{clique}"),
         device=f"{pool}/{device}")

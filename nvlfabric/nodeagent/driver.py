@@ -9,12 +9,19 @@ Prepare, per claim (all calls serialised under one lock; the kubelet may call co
 1. answered before by this process and still on disk → the same devices, without calling the API
    server (the warm path, PreparedClaims.answered);
 2. GET the claim and validate it: same UID, allocated, our driver, this node's clique, a strict config;
+   then GET the ComputeDomain its config names (in the claim's namespace) and check the claim is that
+   domain's own (claims.check_owner: the domain's UID, its owner reference, one of its claim names);
+   a Dedicated claim's IMEX view starts from that same read;
 3. record PrepareStarted in the checkpoint (before any side effect);
 4. make sure the IMEX domain the claim needs runs here and is READY (ImexSupervisor);
 5. create the channel device nodes and write the CDI spec, record PrepareCompleted;
 6. report this node's entry for the ComputeDomain (StatusReporter).
 Every failure becomes that claim's error string, which the kubelet retries; a step that cannot
 finish inside the kubelet's 45 s budget gives up early with a message saying so.
+
+At start, before the kubelet can call, the entries an agent before issue 49 recorded for allocation
+mode All (every channel of the node, 0..2047) are narrowed to the claim's own channel, CDI spec first
+(PreparedClaims.narrow_every_channel).
 
 Unprepare: unknown claim → success (whatever is on disk of it goes); started → its side effects
 undone, then aborted (a stale prepare retry is then refused); completed → CDI spec removed, the
@@ -74,6 +81,11 @@ class ChannelDriver:
         removed_imex = imex.clean_workdir(paths.imex_workdir)
         if removed or removed_imex:
             log.info("removed %d temporary file(s) of interrupted writes", len(removed) + len(removed_imex))
+        try:  # before the kubelet can call: no claim keeps another domain's channels past an upgrade
+            self.claims.narrow_every_channel()
+        except (OSError, LookupError, ValueError, checkpoint.CheckpointError) as exc:
+            log.warning("narrowing allocation mode All claims of an earlier agent failed (each is narrowed at its "
+                        "next prepare instead): %s", exc)
         self._recovered = False
 
     @property
@@ -130,9 +142,12 @@ class ChannelDriver:
         warm = self.claims.answered(c)
         if warm is not None:
             return warm
-        valid = claims.validate(c, claims.get_claim(self.client, c), self.node)
+        claim = claims.get_claim(self.client, c)
+        valid = claims.validate(c, claim, self.node)
         claims.check_imex_mode(c, valid.config, self.imex_modes)
         allocation = claims.allocation_of(c, valid.pool, valid.device, valid.config)
+        domain = claims.get_domain(self.client, c, valid.config)
+        claims.check_owner(c, claim, domain, valid.config, prepared_here=self.claims.completed_as(c.uid, allocation))
         entry = self.claims.replace_changed(c, allocation)
         if entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED:
             self.claims.restore(entry)
@@ -140,7 +155,8 @@ class ChannelDriver:
         self.claims.start(c, allocation)
         cd = valid.config.compute_domain
         if valid.config.imex_mode is api.IMEXMode.DEDICATED:
-            self.imex.ensure_dedicated_domain(cd.namespace, cd.name, cd.uid, allocation.imex_domain_id, deadline)
+            self.imex.ensure_dedicated_domain(cd.namespace, cd.name, cd.uid, allocation.imex_domain_id, deadline,
+                                              domain)
         else:
             self.imex.ensure_clique_domain(names.clique_of_pool(valid.pool) or "", allocation.imex_domain_id, deadline)
         entry = self.claims.complete(c.uid, allocation)

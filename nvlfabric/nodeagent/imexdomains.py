@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
@@ -133,12 +133,14 @@ class ImexSupervisor:
             members.append(self.node.address)
         return members
 
-    def dedicated_view(self, namespace: str, name: str, uid: str) -> DedicatedView:
-        """A dedicated domain as its members need it, from its status (slot, members, authentication)."""
-        try:
-            obj = self.client.get(kubeapi.path(api.API_VERSION, api.PLURAL, name, namespace=namespace))
-        except errors.NotFound as exc:
-            raise PrepareError(f"ComputeDomain {namespace}/{name} does not exist (any more)") from exc
+    def dedicated_view(self, namespace: str, name: str, uid: str, obj: dict[str, Any] | None = None) -> DedicatedView:
+        """A dedicated domain as its members need it, from its status (slot, members, authentication):
+        from `obj` when the caller has just read the domain, else read now."""
+        if obj is None:
+            try:
+                obj = self.client.get(kubeapi.path(api.API_VERSION, api.PLURAL, name, namespace=namespace))
+            except errors.NotFound as exc:
+                raise PrepareError(f"ComputeDomain {namespace}/{name} does not exist (any more)") from exc
         if (obj.get("metadata") or {}).get("uid") != uid:
             raise PrepareError(f"ComputeDomain {namespace}/{name} got replaced: its UID is not {uid}")
         status = api.ComputeDomainStatus.model_validate(obj.get("status") or {})
@@ -154,10 +156,12 @@ class ImexSupervisor:
         self._run_until_ready(self.domain(domain_id), self.clique_members(clique), deadline,
                               f"IMEX daemon for clique {clique}")
 
-    def ensure_dedicated_domain(self, namespace: str, name: str, uid: str, domain_id: str, deadline: float) -> None:
+    def ensure_dedicated_domain(self, namespace: str, name: str, uid: str, domain_id: str, deadline: float,
+                                read: dict[str, Any] | None = None) -> None:
+        """`read`: the ComputeDomain as the prepare just read it (its first view costs no request)."""
         # Our entry first (not ready): the address is how the other members learn of this node.
         self.status.report(namespace, name, ready=False, message="joining the ComputeDomain's dedicated IMEX domain")
-        view = self._wait_for_view(namespace, name, uid, deadline)
+        view = self._wait_for_view(namespace, name, uid, deadline, read)
         assert view.slot is not None  # _wait_for_view raised otherwise
         domain = self.domain(domain_id, view.slot, view.tls_target)
         held = self._credentials(domain, uid, view.bundle, deadline, namespace, name) if view.tls_target else None
@@ -165,10 +169,12 @@ class ImexSupervisor:
                               f"dedicated IMEX daemon of ComputeDomain {namespace}/{name}")
         self.status.set_held(namespace, name, held)
 
-    def _wait_for_view(self, namespace: str, name: str, uid: str, deadline: float) -> DedicatedView:
+    def _wait_for_view(self, namespace: str, name: str, uid: str, deadline: float,
+                       first: dict[str, Any] | None = None) -> DedicatedView:
         """The domain's view once the controller completed it (port slot, TLS authority), waiting up to
-        SLOT_WAIT_S of what is left of the kubelet's budget; PrepareError saying what is missing."""
-        view = self.dedicated_view(namespace, name, uid)
+        SLOT_WAIT_S of what is left of the kubelet's budget; PrepareError saying what is missing.
+        `first`: the domain as just read, for the first look."""
+        view = self.dedicated_view(namespace, name, uid, first)
         waited_until = time.monotonic() + min(SLOT_WAIT_S, deadline - time.monotonic())
         while not view.complete and time.monotonic() < waited_until:
             time.sleep(0.25)

@@ -9,6 +9,7 @@ steps around the IMEX domain and the status report; this module does not talk to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -104,9 +105,17 @@ class PreparedClaims:
 
     # -- prepare -------------------------------------------------------------------------------
 
+    def completed_as(self, uid: str, allocation: checkpoint.Allocation) -> bool:
+        """The claim is prepared here (PrepareCompleted) with this very allocation."""
+        entry = self.state.get(uid)
+        return entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED and \
+            entry.allocation.same_as(allocation)
+
     def replace_changed(self, c: ClaimRef, allocation: checkpoint.Allocation) -> checkpoint.ClaimEntry | None:
         """The entry for `c`, unless it was deallocated and allocated anew (same UID) while prepared
         or half-prepared here: then the old channel's node and spec go, and None (prepare afresh)."""
+        if (old := self.state.get(c.uid)) is not None and old.allocation.every_channel_of_the_node:
+            self.narrow_every_channel([old])  # not done at start (it failed): now, before comparing
         entry = self.state.get(c.uid)
         if entry is None or entry.state is checkpoint.ClaimState.PREPARE_ABORTED or \
                 entry.allocation.same_as(allocation):
@@ -154,7 +163,60 @@ class PreparedClaims:
         for ch in allocation.channels:
             cdi.channel_device_node(self.paths.driver_root, ch, major)
         return cdi.write_claim_spec(self.paths.cdi_dir, uid, cdi.claim_spec(
-            claim_uid=uid, channels=allocation.channels, major=major, compute_domain=allocation.compute_domain_name))
+            claim_uid=uid, channels=allocation.channels, major=major, compute_domain=allocation.compute_domain_name,
+            channel_set=allocation.all_channels))
+
+    # -- upgrade: allocation mode All as agents before issue 49 prepared it ------------------------
+
+    def narrow_every_channel(self, entries: list[checkpoint.ClaimEntry] | None = None) -> list[str]:
+        """Entries an earlier agent wrote for allocation mode All hold every channel of the node
+        (0..2047), other ComputeDomains' included: each becomes its claim's own channel (the pool
+        device it records), and a completed or half-prepared claim's CDI spec is rewritten first,
+        atomically, under the device ID the kubelet already holds (`<uid>-channels`). Then one save.
+        Killed in between, the next start does it again (the spec is already right, so unchanged).
+        Running containers keep the device nodes they started with until they restart, and no IMEX
+        daemon is touched; the other channels' nodes under the driver root go with recovery's sweep
+        of unused nodes. Returns the claim UIDs narrowed. Called at agent start, before the kubelet
+        can call (and by `replace_changed` should that have failed)."""
+        narrowed: list[checkpoint.ClaimEntry] = []
+        for entry in self.state.claims if entries is None else entries:
+            if not entry.allocation.every_channel_of_the_node:
+                continue
+            pool_device = entry.allocation.device.partition("/")[2]
+            channel = names.channel_of_device(pool_device) if pool_device else None
+            if channel is None:  # every agent that wrote All recorded the device (it came with All)
+                log.warning("claim %s: holds every channel of the node (an earlier agent's allocation mode All) "
+                            "but records no pool device to narrow it to; its next prepare re-validates it",
+                            entry.uid)
+                continue
+            allocation = dataclasses.replace(entry.allocation, channels=(channel,), all_channels=True)
+            fresh = dataclasses.replace(entry, allocation=allocation)
+            if entry.state is not checkpoint.ClaimState.PREPARE_ABORTED and (
+                    entry.state is checkpoint.ClaimState.PREPARE_COMPLETED or
+                    (self.paths.cdi_dir / cdi.spec_file_name(entry.uid)).exists()):
+                written = self.write_files(entry.uid, allocation)
+                if entry.state is checkpoint.ClaimState.PREPARE_COMPLETED:
+                    if written.device_ids != entry.cdi_device_ids:  # the set's name never changed: cannot happen
+                        log.error("claim %s: its CDI device was %s, narrowed it is %s; a container of it that "
+                                  "restarts will not find its device", entry.uid, ", ".join(entry.cdi_device_ids),
+                                  ", ".join(written.device_ids))
+                    fresh = dataclasses.replace(fresh, cdi_spec_file=str(written.path),
+                                                cdi_device_ids=written.device_ids)
+            narrowed.append(fresh)
+        if not narrowed:
+            return []
+        cp = self.state
+        for fresh in narrowed:
+            cp = checkpoint.rewrite(cp, fresh)
+        self.save(cp)
+        for fresh in narrowed:
+            log.warning("claim %s/%s (%s, %s): narrowed from every channel of the node (0-%d, as an earlier agent "
+                        "prepared allocation mode All) to channel %d of its ComputeDomain %s; CDI spec and "
+                        "checkpoint entry rewritten, CDI device %s; running containers keep their devices "
+                        "until they restart, IMEX daemons untouched", fresh.claim.namespace, fresh.claim.name,
+                        fresh.uid, fresh.state.value, names.IMEX_CHANNEL_COUNT - 1, fresh.allocation.channels[0],
+                        fresh.allocation.compute_domain_name, ", ".join(fresh.cdi_device_ids) or "-")
+        return [e.uid for e in narrowed]
 
     def _on_disk(self, entry: checkpoint.ClaimEntry) -> bool:
         """The completed claim's CDI spec and channel nodes are still there (two stats)."""

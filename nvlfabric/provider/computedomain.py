@@ -45,9 +45,9 @@ exist) or `Ready` (the controller reports phase Ready for the current generation
 device of the clique's pool. That one device still does what the claim is for (the scheduler's
 clique placement and the CD's channel identity), while `allocationMode: All` would take every
 channel of the clique's pool and starve every other CD in the clique. The opaque config carries
-`channelAllocationMode: All`, and the node agent injects every channel device (0-2047) into the
-CD's pods when it prepares the claim. The API allows `All` only with a dedicated IMEX domain, so
-those channels are only meaningful inside the CD's own domain.
+`channelAllocationMode: All`, and the node agent injects every channel of the CD itself into its
+pods (never another CD's: docs/tenants.md, "What All means on a shared clique"). The API allows
+`All` only with a dedicated IMEX domain.
 
 **Strict field validation.** lightkube 1.0.1's `create`/`patch` take no `fieldValidation`
 parameter, but its request layer accepts any query parameter; `domainclient.send` goes through it

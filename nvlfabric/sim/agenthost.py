@@ -36,7 +36,7 @@ from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.models.resource_v1 import (
     CELDeviceSelector,
     DeviceClaim,
@@ -267,13 +267,27 @@ def compute_domain(client: Client, name: str, namespace: str = "default") -> Cha
     return ChannelConfig(compute_domain=ComputeDomainRef(name=name, namespace=namespace, uid=_uid(cd)))
 
 
+def claim_meta(name: str, namespace: str, parameters: object, labels: dict[str, str] | None = None,
+               owner: ComputeDomainRef | None = None) -> ObjectMeta:
+    """A channel claim's metadata as the provider writes it: owned (a controller reference) by
+    `owner`, else by the ComputeDomain its configuration names, when it names one (the agent
+    prepares no other claim; an owner that does not exist has the garbage collector delete it)."""
+    cd = owner.model_dump() if owner is not None else \
+        parameters.get("computeDomain") if isinstance(parameters, dict) else None
+    owners = [OwnerReference(apiVersion=cdapi.API_VERSION, kind=cdapi.KIND, name=str(cd.get("name")),
+                             uid=str(cd.get("uid")), controller=True)] \
+        if isinstance(cd, dict) and cd.get("name") and cd.get("uid") else None
+    return ObjectMeta(name=name, namespace=namespace, labels=labels, ownerReferences=owners)
+
+
 def scheduled_claim(client: Client, host: Host, name: str, parameters: object | None = None,
                     namespace: str = "default") -> Claim:
     """A ComputeDomain's shared claim allocated by the real scheduler for a pod on `host` (as the
     provider makes them); `parameters` replaces the opaque config (default: the CD's valid one)."""
     config = compute_domain(client, name, namespace)
-    claim = client.create(ResourceClaim(metadata=ObjectMeta(name=f"{name}-channel", namespace=namespace),
-                                        spec=claim_spec(config.to_kube() if parameters is None else parameters)))
+    params = config.to_kube() if parameters is None else parameters
+    claim = client.create(ResourceClaim(metadata=claim_meta(f"{name}-channel", namespace, params),
+                                        spec=claim_spec(params)))
     client.create(Pod(metadata=ObjectMeta(name=f"{name}-0", namespace=namespace), spec=PodSpec(
         nodeSelector={"kubernetes.io/hostname": host.node.name},
         resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
@@ -283,10 +297,12 @@ def scheduled_claim(client: Client, host: Host, name: str, parameters: object | 
 
 
 def allocated_claim(client: Client, host: Host, name: str, parameters: object, *, channel: int,
-                    namespace: str = "default", labels: dict[str, str] | None = None) -> Claim:
+                    namespace: str = "default", labels: dict[str, str] | None = None,
+                    owner: ComputeDomainRef | None = None) -> Claim:
     """A claim allocated without a pod: its status written as the scheduler would (admin only).
-    Much faster than scheduling a pod per claim; the agent reads nothing else."""
-    claim = client.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace=namespace, labels=labels),
+    Much faster than scheduling a pod per claim; the agent reads nothing else. `owner`: its
+    ComputeDomain when `parameters` may not name it (a fuzzed configuration)."""
+    claim = client.create(ResourceClaim(metadata=claim_meta(name, namespace, parameters, labels, owner),
                                         spec=claim_spec(parameters)))
     client.patch(ResourceClaim.Status, name, {"status": {"allocation": allocation(host, channel, parameters)}},
                  namespace=namespace, patch_type=PatchType.MERGE)

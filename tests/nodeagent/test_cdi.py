@@ -70,6 +70,21 @@ def test_a_claim_with_several_channels_gets_one_device_with_a_node_per_channel(c
     assert "NVLFABRIC_IMEX_CHANNEL=3,7,9" in edits.env
 
 
+def test_an_all_claim_is_one_set_device_whatever_its_size(cdi_dirs: list[Path]) -> None:
+    """Allocation mode All: the set's name `<uid>-channels` for the claim's own channel alone, the
+    name an earlier agent gave its 2048-channel device, so the kubelet's device ID resolves after
+    the agent narrows it (issue 49)."""
+    every = cdi.claim_spec(claim_uid=UID, channels=range(2048), major=IMEX_CHANNELS_MAJOR, compute_domain="cd")
+    own = cdi.claim_spec(claim_uid=UID, channels=[5], major=IMEX_CHANNELS_MAJOR, compute_domain="cd",
+                         channel_set=True)
+    assert [d.name for d in every.devices] == [d.name for d in own.devices] == [f"{UID}-channels"]
+    result = cdi.write_claim_spec(cdi_dirs[1], UID, own)
+    edits = resolve(cdi_dirs, list(result.device_ids))
+    assert [(n.path, n.minor) for n in edits.device_nodes] == [("/dev/nvidia-caps-imex-channels/channel5", 5)]
+    assert "NVLFABRIC_IMEX_CHANNEL=5" in edits.env
+    assert cdi.device_name("u", [5], channel_set=True) == "u-channels"
+
+
 def test_two_claims_resolve_independently(cdi_dirs: list[Path]) -> None:
     a = write(cdi_dirs[1], uid=UID, channels=(1,), cd="a")
     b = write(cdi_dirs[1], uid=DIGIT_UID, channels=(2,), cd="b")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -149,6 +150,36 @@ def test_an_entry_that_does_not_decode_is_skipped_and_the_rest_kept(cp_path: Pat
     assert [e.uid for e in loaded.claims] == ["a"]
     assert [uid for uid, _ in report.skipped_entries] == ["b", "c"]
     assert "PrepareFrozen" in report.message
+
+
+def test_allocation_mode_all_is_recorded_and_the_old_every_channel_form_recognised(cp_path: Path,
+                                                                                    boot_id_file: Path) -> None:
+    """Issue 49: an All claim holds its own channel, marked `channelAllocationMode: All` (an optional
+    v1 field: Single entries are written as before); the form agents before it wrote (channels
+    0..2047, no mode) still loads, and is recognised so the agent can narrow it; a mode this agent
+    does not know skips the entry, like an unknown state."""
+    own = Allocation(compute_domain_uid="cd-a-uid", compute_domain_name="cd-a", channels=(7,),
+                     imex_domain_id="cd-cd-a-uid", device="clique-x.1/channel-7", all_channels=True)
+    cp = ckpt.start_prepare(sample(), ref("d"), own, now=T0)
+    ckpt.save(cp_path, cp)
+    obj = json.loads(cp_path.read_text())
+    assert obj["claims"]["d"]["channelAllocationMode"] == "All" and obj["claims"]["d"]["channels"] == [7]
+    assert all("channelAllocationMode" not in obj["claims"][u] for u in ("a", "b", "c"))
+    loaded, _ = ckpt.load(cp_path, boot_id_file)
+    assert loaded == cp and not own.every_channel_of_the_node and not alloc(3).all_channels
+
+    del obj["claims"]["d"]["channelAllocationMode"]
+    obj["claims"]["d"]["channels"] = list(range(2048))
+    obj["claims"]["a"]["channelAllocationMode"] = "Some"
+    write_obj(cp_path, obj)
+    loaded, report = ckpt.load(cp_path, boot_id_file)
+    old = loaded.get("d")
+    assert old is not None and old.allocation.every_channel_of_the_node and not old.allocation.all_channels
+    assert [uid for uid, _ in report.skipped_entries] == ["a"] and "Some" in report.message
+    narrowed = ckpt.rewrite(loaded, dataclasses.replace(old, allocation=own))
+    assert narrowed.get("d") == dataclasses.replace(old, allocation=own)
+    with pytest.raises(ckpt.InvalidTransition):
+        ckpt.rewrite(loaded, dataclasses.replace(old, state=ClaimState.PREPARE_COMPLETED, completed_at=T0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,7 +550,7 @@ def entries(draw: st.DrawFn, uid: str) -> ckpt.ClaimEntry:
         state=state,
         allocation=Allocation(compute_domain_uid=draw(names), compute_domain_name=draw(names),
                               channels=tuple(draw(st.lists(st.integers(0, 2047), min_size=1, max_size=4))),
-                              imex_domain_id=draw(names)),
+                              imex_domain_id=draw(names), all_channels=draw(st.booleans())),
         cdi_spec_file=draw(st.one_of(st.just(""), names)),
         cdi_device_ids=tuple(draw(st.lists(names, max_size=2))),
         started_at=started,

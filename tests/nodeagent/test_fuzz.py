@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from lightkube import ApiError, Client
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from nvlfabric.api.channelconfig import ChannelConfig
 from nvlfabric.api.kubelet import dra_v1_pb2
 from nvlfabric.controller import pools
 from nvlfabric.nodeagent import checkpoint
@@ -74,8 +75,8 @@ def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
         for i in range(3):
             config = ap.compute_domain(client, f"fz-{os.urandom(3).hex()}")
             created.append(config.compute_domain.name)
-            good.append(ap.allocated_claim(client, host, f"{config.compute_domain.name}-channel", config.to_kube(),
-                                           channel=i + 1))
+            good.append(ap.allocated_claim(client, host, f"{config.compute_domain.name}-channel",
+                                                         config.to_kube(), channel=i + 1))
         agent.start()
         answers: dict[str, object] = dict(kubelet.prepare(good))
         assert all(not isinstance(a, str) for a in answers.values()), answers
@@ -261,15 +262,17 @@ def test_malformed_opaque_configs_are_refused_naming_claim_and_field(fuzz: Fuzz,
     cfg, fields = data.draw(broken_configs(fuzz.config))
     name = f"fz-bad-{uuid.uuid4().hex[:8]}"
     try:
-        claim = ap.allocated_claim(fuzz.client, fuzz.host, name, cfg, channel=fuzz.channel(), labels=FUZZ_LABEL)
+        claim = ap.allocated_claim(fuzz.client, fuzz.host, name, cfg, channel=fuzz.channel(), labels=FUZZ_LABEL,
+                                   owner=ChannelConfig.model_validate(fuzz.config).compute_domain)
     except ApiError as exc:  # the API server refuses some (say, numbers JSON cannot hold): never reach the agent
         assert exc.status.code in (400, 422), exc.status
         event(f"refused by the API server ({exc.status.code})")
         return
     try:
         r = fuzz.kubelet.prepare([claim])[claim.uid]
-        if not fields:  # every drawn change was a no-op
-            assert not isinstance(r, str), r
+        if not fields:  # every drawn change was a no-op: a valid config, in a claim that is not its domain's claim
+            assert isinstance(r, str) and r.startswith(f"claim default/{name} is not a channel claim of "
+                                                       "ComputeDomain "), r
             return
         assert isinstance(r, str), f"config {cfg!r} (broken: {sorted(fields)}) was prepared: {r}"
         event("refused by the agent")
