@@ -40,7 +40,8 @@ class _DomainArgs(BaseModel):
     await_for: AwaitFor | None = Field(AwaitFor.ACCEPTED,
                                        description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it, so not "
                                                    "with workloads bound to it by BoundJob)")
-    timeout_s: float = Field(600.0, gt=0, description="seconds a create, update or delete may take (> 0)")
+    timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False,
+                             description="seconds a create, update or delete may take (a finite number > 0)")
     force_delete: bool = Field(False, description="delete even while pods use the channel")
 
 
@@ -90,9 +91,6 @@ class ComputeDomain(pulumi.ComponentResource):
             "timeout_s": timeout_s, "force_delete": force_delete}, unknown)
         a = self.args
         program.take("ComputeDomain", a.namespace, a.name, component="ComputeDomain", resource_name=resource_name)
-        super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
-        self.name, self.namespace = a.name, a.namespace
-        self.backend: Backend = a.backend
         # Known from the arguments (preview included), unlike the `claim_name` output, which is
         # unknown while the domain itself changes: workloads use this, so a change of the domain
         # does not show them as changing too.
@@ -100,15 +98,25 @@ class ComputeDomain(pulumi.ComponentResource):
             # NVIDIA's controller makes a ResourceClaimTemplate; each pod gets a claim of its own from it.
             self.claim: str = a.spec.template_name(a.name)
             self.claims: list[str] = [self.claim]
+            claim_kind, given = "ResourceClaimTemplate", a.spec.channel_claim
+        else:
+            assert isinstance(a, ComputeDomainArgs)
+            self.claim = channel_claim_name(a.name, a.spec)
+            self.claims = channel_claim_names(a.name, a.spec)
+            claim_kind, given = "ResourceClaim", a.spec.channel_claim
+        """Every channel claim, one per clique group (a single-clique domain: [claim]); on backend
+        nvidia, NVIDIA's ResourceClaimTemplate."""
+        program.channel_claims(claim_kind, a.namespace, self.claims, resource_name=resource_name, domain=a.name,
+                               claim=given.name if given is not None else None)
+        super().__init__("nvlfabric:index:ComputeDomain", resource_name, None, opts)
+        self.name, self.namespace = a.name, a.namespace
+        self.backend: Backend = a.backend
+        if isinstance(a, NvidiaComputeDomainArgs):
             if len(domains := program.nvidia_domain(a.name)) == 2:  # said once, when it starts to matter
                 pulumi.log.warn(f"ComputeDomains {', '.join(domains)}: {NVIDIA_LIMITS}", resource=self)
         else:
             assert isinstance(a, ComputeDomainArgs)
             program.domain_mode(resource_name, a.name, a.spec.imex_mode.value)
-            self.claim = channel_claim_name(a.name, a.spec)
-            self.claims = channel_claim_names(a.name, a.spec)
-        """Every channel claim, one per clique group (a single-clique domain: [claim]); on backend
-        nvidia, NVIDIA's ResourceClaimTemplate."""
         self.bound_pods = 0
         self.bound_gpus: dict[str, int] = {}  # workload → its GPUs in each clique group
         # In the component provider the plugin serves the object itself (nvlfabric.components.served).

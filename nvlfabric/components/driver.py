@@ -49,6 +49,12 @@ class NvlfabricDriverArgs(BaseModel):
         names.DEFAULT_CHANNELS_PER_CLIQUE, ge=1, le=names.MAX_CHANNELS_PER_CLIQUE,
         description=f"IMEX channels per NVLink clique, 1..{names.MAX_CHANNELS_PER_CLIQUE} (channels 1..N are handed "
                     "out; channel 0 never is)")
+    channel_quota_per_namespace: int = Field(
+        names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE, ge=0, le=names.MAX_CHANNEL_QUOTA_PER_NAMESPACE,
+        description=f"the IMEX channels one namespace's claims may hold, 0..{names.MAX_CHANNEL_QUOTA_PER_NAMESPACE} "
+                    "(0 turns the quota off); the controller keeps it as a ResourceQuota in each namespace with "
+                    "ComputeDomains, and a platform raises it for one namespace with the Namespace annotation "
+                    f"{names.CHANNEL_QUOTA_ANNOTATION}")
     imex_modes: list[IMEXMode] = Field(
         default_factory=lambda: [IMEXMode.CLIQUE_SCOPED, IMEXMode.DEDICATED], min_length=1,
         description="the IMEX modes the agents accept for ComputeDomains: CliqueScoped (one persistent IMEX "
@@ -119,6 +125,7 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
                 c["image"] = args.image
                 if obj["kind"] == "Deployment":
                     _set_env(c, "CHANNELS_PER_CLIQUE", str(args.channels_per_clique))
+                    _set_env(c, "CHANNEL_QUOTA_PER_NAMESPACE", str(args.channel_quota_per_namespace))
                     # Only when set: an install that does not use them keeps the controller's template
                     # of earlier releases (an upgrade's preview shows no change there).
                     if args.imex_authentication is not IMEXAuthentication.DISABLED:
@@ -160,13 +167,16 @@ class NvlfabricDriver(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, *, image: str = names.AGENT_IMAGE,
                  driver_root: str = "/run/nvidia/driver", kubelet_root: str = "/var/lib/kubelet",
-                 channels_per_clique: int = 128, imex_modes: list[str] | None = None,
+                 channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE,
+                 channel_quota_per_namespace: int = names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE,
+                 imex_modes: list[str] | None = None,
                  imex_authentication: str = "Disabled", imex_cert_validity_s: int = names.DEFAULT_IMEX_CERT_VALIDITY_S,
                  labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
             "image": image, "driver_root": driver_root, "kubelet_root": kubelet_root,
-            "channels_per_clique": channels_per_clique, "labels": labels or {},
+            "channels_per_clique": channels_per_clique, "channel_quota_per_namespace": channel_quota_per_namespace,
+            "labels": labels or {},
             "imex_authentication": imex_authentication, "imex_cert_validity_s": imex_cert_validity_s,
             **({"imex_modes": imex_modes} if imex_modes is not None else {})}, unknown)
         program.driver_modes(resource_name, {m.value for m in self.args.imex_modes})

@@ -4,6 +4,10 @@ A registry per program run holds exactly what that run declared so far:
 - the Kubernetes objects taken by name: two components with the same ComputeDomain or workload
   name in one namespace would manage one object from two resources (at `up`: a field conflict, or
   "this stack did not create it"); the second is refused, naming the first;
+- the domains' channel claims (`<name>-channel`, or `spec.channelClaim.name`; `<claim>-<group>`
+  for each clique group of a MultiClique domain): two domains of other names can still name one
+  claim in one namespace, and `up` failed on it (their pods would share one IMEX channel); the
+  second is refused, naming the first and the field to change;
 - the IMEX modes each NvlfabricDriver allows and each ComputeDomain needs: a domain whose mode no
   declared driver allows would hold its channel while every prepare fails.
 - the taints of the declared racks: workloads declared after a rack tolerate its taints; a rack
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 class Declared:
     names: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
     """(kind, namespace, name) → (component, resource)"""
+    claims: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
+    """(kind, namespace, claim) → (ComputeDomain resource, its domain's name)"""
     driver_modes: dict[str, set[str]] = field(default_factory=dict)  # driver resource → its imex_modes
     domain_modes: dict[str, tuple[str, str]] = field(default_factory=dict)  # domain resource → (name, imexMode)
     taints: list[dict[str, str]] = field(default_factory=list)  # what the declared racks taint their Nodes with
@@ -79,6 +85,29 @@ def take(kind: str, namespace: str, name: str, *, component: str, resource_name:
             f"declared by {first_component} {first!r} in this program; two resources cannot manage one object: "
             "give one of them another name (or namespace)")
     names[key] = (component, resource_name)
+
+
+def channel_claims(kind: str, namespace: str, claims: list[str], *, resource_name: str, domain: str,
+                   claim: str | None) -> None:
+    """Record the channel claims (`kind`: ResourceClaim, on NVIDIA's backend ResourceClaimTemplate)
+    of ComputeDomain `resource_name` (domain `domain`, in `namespace`); refuse one that another
+    domain of this program already has. `claim`: the domain's spec.channelClaim.name, None when it
+    takes the default `<name>-channel` (then `name` is the field the message names)."""
+    taken = current().claims
+    for group, name in enumerate(claims):
+        if (kind, namespace, name) not in taken:
+            continue
+        first, first_domain = taken[(kind, namespace, name)]
+        loc: tuple[str, ...] = ("name",) if claim is None else ("spec", "channelClaim", "name")
+        how = f", the channel claim of its clique group {group}" if len(claims) > 1 else \
+            ", its default channel claim <name>-channel" if claim is None else ""
+        text = (f"{claim if claim is not None else domain!r} makes {kind} {namespace}/{name}{how}, which "
+                f"ComputeDomain {first!r} (domain {namespace}/{first_domain}) already has as its channel claim in this "
+                "program; two domains cannot share one claim (their pods would share one IMEX channel, and `pulumi "
+                "up` would fail on the claim): give one of them a spec.channelClaim.name of its own")
+        raise ComponentArgsError(f"ComputeDomain {resource_name!r}: invalid arguments\n  {'.'.join(loc)}: {text}",
+                                 [(loc, text)])
+    taken.update({(kind, namespace, name): (resource_name, domain) for name in claims})
 
 
 def driver_modes(resource_name: str, modes: set[str]) -> None:

@@ -20,23 +20,42 @@ by themselves).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import pulumi
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from nvlfabric.api.names import (
     DNS_LABEL,
     DNS_LABEL_MAX,
+    DNS_SUBDOMAIN,
+    DNS_SUBDOMAIN_MAX,
     EXPECTED_CLIQUE_LABEL,
     GPUS_PER_NODE,
     NODES_PER_CLIQUE,
     RACK_LABEL,
+    is_dns_subdomain,
 )
 from nvlfabric.components import capacity, program, served
 from nvlfabric.components.args import ComponentArgsError, validate
 from nvlfabric.provider import kube, racknodes, racks
 from nvlfabric.provider.racknodes import RackNodesArgs
+
+NODE_NAME_RULE: Final = (f"a Kubernetes Node name is a DNS subdomain: at most {DNS_SUBDOMAIN_MAX} characters, "
+                         "lowercase letters, digits, '-' and '.', each dot-separated part starting and ending with "
+                         "a letter or digit")
+
+
+def _node_name(name: str) -> str:
+    if not is_dns_subdomain(name):
+        raise ValueError(f"not a Node name: {NODE_NAME_RULE}; a Node of this name cannot exist, so the rack could "
+                         "never label it: write the name as `kubectl get nodes` shows it")
+    return name
+
+
+#: A Node name (checked as the API server checks it; the JSON schema says so too).
+NodeName = Annotated[str, AfterValidator(_node_name),
+                     WithJsonSchema({"type": "string", "pattern": DNS_SUBDOMAIN, "maxLength": DNS_SUBDOMAIN_MAX})]
 
 
 class Taint(BaseModel):
@@ -55,8 +74,9 @@ class Nvl72RackArgs(BaseModel):
 
     name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX,
                       description="the rack's name (a DNS label), e.g. rack-0")
-    nodes: list[str] = Field(min_length=1, max_length=NODES_PER_CLIQUE,
-                             description=f"the rack's Kubernetes node names, 1..{NODES_PER_CLIQUE} compute trays")
+    nodes: list[NodeName] = Field(min_length=1, max_length=NODES_PER_CLIQUE,
+                                  description=f"the rack's Kubernetes node names (DNS subdomains), "
+                                              f"1..{NODES_PER_CLIQUE} compute trays")
     expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
                                         description="<clusterUuid>.<cliqueId> the rack's trays should report "
                                                     "(a label value of at most 63 characters), or None")

@@ -1,12 +1,16 @@
 """Bad arguments are refused in one line naming the field (issue 17), and valid ones accepted:
 pod template parts of the wrong type, a node name, unknown keywords, image references with a
 registry port, clique ids as long as the hardware gives; a sidecar does not multiply the pod's
-GPUs; a rack patches only Nodes that exist. In-process with Pulumi's mocks (what `pulumi
-preview` runs), plus a fuzz test of pod templates."""
+GPUs; a rack patches only Nodes that exist. Issue 49: a value of another type is refused rather
+than converted (True for an integer), as are a non-finite number, a rack node no Node can be
+named, and two domains on one channel claim. In-process with Pulumi's mocks (what `pulumi
+preview` runs), plus a fuzz test of pod templates, and each of issue 49's refusals through the
+real CLI's `pulumi preview`."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import uuid
 from pathlib import Path
@@ -299,6 +303,128 @@ def test_a_rack_whose_taint_a_job_declared_before_it_does_not_tolerate_is_refuse
     assert "declare the rack before the workloads that run on it" in line
 
 
+# -- issue 49: what was accepted and should fail `pulumi preview` ----------------------------------
+
+@pytest.mark.parametrize("component, kwargs, line", [
+    (NvlfabricDriver, {"channels_per_clique": True}, "  channels_per_clique: Input should be a valid integer, not a "
+     "boolean (got True) (expected: IMEX channels per NVLink clique, 1..2047"),
+    (NvlfabricDriver, {"channel_quota_per_namespace": "5"}, "  channel_quota_per_namespace: Input should be a valid "
+     "integer, not a string (got '5') (expected: the IMEX channels one namespace's claims may hold"),
+    (NvlfabricDriver, {"imex_cert_validity_s": 86400.0}, "  imex_cert_validity_s: Input should be a valid integer, not "
+     "a float (got 86400.0)"),
+    (BoundJob, {"parallelism": True}, "  parallelism: Input should be a valid integer, not a boolean (got True)"),
+    (BoundJob, {"gpus_per_pod": 2.0}, "  gpus_per_pod: Input should be a valid integer, not a float (got 2.0)"),
+    (BoundJob, {"master_port": "29500"}, "  master_port: Input should be a valid integer, not a string (got '29500')"),
+    (BoundJob, {"wait": 1}, "  wait: Input should be a valid boolean, not an integer (got 1)"),
+    (ComputeDomain, {"spec": {"numNodes": True}}, "  spec.numNodes: Input should be a valid integer, not a boolean "
+     "(got True) (expected: a ComputeDomainSpec"),
+    (ComputeDomain, {"spec": {"numNodes": 36.0, "placement": {"scope": "MultiClique", "cliques": 2.0}}},
+     "  spec.placement.cliques: Input should be a valid integer, not a float (got 2.0)"),
+    (ComputeDomain, {"backend": "nvidia", "spec": {"numNodes": "2"}}, "  spec.numNodes: Input should be a valid "
+     "integer, not a string (got '2')"),
+    (ComputeDomain, {"timeout_s": "60"}, "  timeout_s: Input should be a valid number, not a string (got '60')"),
+    (ComputeDomain, {"force_delete": "yes"},
+     "  force_delete: Input should be a valid boolean, not a string (got 'yes')"),
+    (Nvl72Rack, {"observe": 0}, "  observe: Input should be a valid boolean, not an integer (got 0)"),
+])
+def test_a_value_of_another_type_is_refused_not_converted(component: Any, kwargs: dict[str, Any], line: str) -> None:
+    """Before: pydantic's lax mode took them, `channels_per_clique=True` as a pool of one channel."""
+    if component is BoundJob:
+        kwargs = {"compute_domain": ComputeDomain("cd"), "pod_template": {"spec": {"containers": [CONTAINER]}},
+                  **kwargs}
+    if component is Nvl72Rack:
+        kwargs = {"nodes": ["n0"], **kwargs}
+    msg = _refused(component, "x", **kwargs)
+    assert msg.startswith(f"{component.__name__} 'x': invalid arguments\n"), msg
+    assert any(ln.startswith(line) for ln in msg.splitlines()), msg
+
+
+def test_integers_and_floats_that_are_what_they_say_are_taken() -> None:
+    cd = ComputeDomain("cd", timeout_s=60, spec={"numNodes": 36, "placement": {"scope": "MultiClique", "cliques": 2}})
+    assert cd.args.timeout_s == 60 and cd.claims == ["cd-channel-0", "cd-channel-1"]
+    job = BoundJob("train", compute_domain=cd, parallelism=36, gpus_per_pod=4, pod_template={"spec": {
+        "containers": [CONTAINER]}})
+    assert (job.args.parallelism, job.args.gpus_per_pod) == (36, 4)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_non_finite_timeout_is_refused(value: float) -> None:
+    msg = _refused(ComputeDomain, "cd", timeout_s=value)
+    assert msg.splitlines() == ["ComputeDomain 'cd': invalid arguments", (
+        f"  timeout_s: Input should be a finite number (got {value!r}) (expected: seconds a create, update or delete "
+        "may take (a finite number > 0))")], msg
+
+
+def test_a_non_finite_number_anywhere_in_the_arguments_is_refused_naming_its_path() -> None:
+    tpl = {"spec": {"containers": [{**CONTAINER, "ports": [{"containerPort": math.nan}]}],
+                    "terminationGracePeriodSeconds": math.inf}}
+    msg = _refused(BoundJob, "train", compute_domain=ComputeDomain("cd"), pod_template=tpl)
+    assert "  pod_template.spec.containers[0].ports[0].containerPort: Input should be a finite number (got nan)" in msg
+    assert "  pod_template.spec.terminationGracePeriodSeconds: Input should be a finite number (got inf)" in msg
+
+
+@pytest.mark.parametrize("node", ["gb200-R0-n01", "node_1", "n 1", "-n1", "n1.", "n1..x", "", "a" * 254])
+def test_a_rack_node_no_node_can_be_named_is_refused_naming_its_index_and_the_rule(node: str) -> None:
+    """Before: taken, and at preview only a warning that the Node is missing (unobserved: `up` failed)."""
+    msg = _refused(Nvl72Rack, "rack", nodes=["n0", node], observe=False)
+    first, line = msg.splitlines()
+    assert first == "Nvl72Rack 'rack': invalid arguments"
+    assert line.startswith("  nodes[1]: not a Node name: a Kubernetes Node name is a DNS subdomain: at most 253 "
+                           "characters, lowercase letters, digits, '-' and '.', each dot-separated part starting and "
+                           "ending with a letter or digit; a Node of this name cannot exist, so the rack could never "
+                           "label it: write the name as `kubectl get nodes` shows it"), line
+    assert f"(got {node!r})" in line or len(node) > 150, line  # (a long one is not repeated)
+    assert "(expected: the rack's Kubernetes node names (DNS subdomains), 1..18 compute trays)" in line
+
+
+def test_node_names_kubernetes_takes_are_taken() -> None:
+    nodes = ["gb200-r0-n01", "node-7.rack-0.example.com", "0", "a" * 253]
+    assert Nvl72Rack("rack", nodes=nodes, observe=False).args.nodes == nodes
+
+
+CLAIM_FIX = ("already has as its channel claim in this program; two domains cannot share one claim (their pods would "
+             "share one IMEX channel, and `pulumi up` would fail on the claim): give one of them a "
+             "spec.channelClaim.name of its own")
+
+
+@pytest.mark.parametrize("first, second, line", [
+    ({"name": "x", "spec": {"channelClaim": {"name": "y-channel"}}}, {"name": "y"},
+     "  name: 'y' makes ResourceClaim default/y-channel, its default channel claim <name>-channel, which "
+     "ComputeDomain 'a' (domain default/x) " + CLAIM_FIX),
+    ({"name": "x"}, {"name": "y", "spec": {"channelClaim": {"name": "x-channel"}}},
+     "  spec.channelClaim.name: 'x-channel' makes ResourceClaim default/x-channel, which ComputeDomain 'a' (domain "
+     "default/x) " + CLAIM_FIX),
+    ({"name": "big", "spec": {"numNodes": 36, "placement": {"scope": "MultiClique", "cliques": 2},
+                              "channelClaim": {"name": "shared"}}},
+     {"name": "small", "spec": {"channelClaim": {"name": "shared-1"}}},
+     "  spec.channelClaim.name: 'shared-1' makes ResourceClaim default/shared-1, which ComputeDomain 'a' (domain "
+     "default/big) " + CLAIM_FIX),
+    ({"name": "small", "namespace": "ml", "spec": {"channelClaim": {"name": "t-0"}}},
+     {"name": "big", "namespace": "ml", "spec": {"placement": {"scope": "MultiClique", "cliques": 3},
+                                                 "channelClaim": {"name": "t"}}},
+     "  spec.channelClaim.name: 't' makes ResourceClaim ml/t-0, the channel claim of its clique group 0, which "
+     "ComputeDomain 'a' (domain ml/small) " + CLAIM_FIX),
+    ({"name": "x", "backend": "nvidia", "spec": {"channelClaim": {"name": "gang"}}},
+     {"name": "y", "backend": "nvidia", "spec": {"channelClaim": {"name": "gang"}}},
+     "  spec.channelClaim.name: 'gang' makes ResourceClaimTemplate default/gang, which ComputeDomain 'a' (domain "
+     "default/x) " + CLAIM_FIX),
+])
+def test_two_domains_on_one_channel_claim_are_refused_naming_both_and_the_fix(
+        first: dict[str, Any], second: dict[str, Any], line: str) -> None:
+    """Before: both taken at preview, and `pulumi up` failed on the second claim."""
+    ComputeDomain("a", **first)
+    msg = _refused(ComputeDomain, "b", **second)
+    assert msg.splitlines() == ["ComputeDomain 'b': invalid arguments", line], msg
+
+
+def test_claims_of_one_name_in_other_namespaces_or_other_runs_are_taken() -> None:
+    ComputeDomain("a", name="x", spec={"channelClaim": {"name": "y-channel"}})
+    ComputeDomain("b", name="y", namespace="ml")  # another namespace: another claim
+    ComputeDomain("c", name="z", backend="nvidia", spec={"channelClaim": {"name": "y-channel"}})  # a template
+    program.reset()  # another program run (the Automation API's next preview)
+    ComputeDomain("d", name="y")
+
+
 # -- every component, every argument ----------------------------------------------------------------
 
 GOOD: dict[str, list[Any]] = {  # values a user would write, per argument name (any component)
@@ -310,7 +436,8 @@ GOOD: dict[str, list[Any]] = {  # values a user would write, per argument name (
     "taints": [[], [{"key": "nvidia.com/gpu", "value": "present"}]], "gpu_resource": ["nvidia.com/gpu"],
     "image": ["nvlfabric/node-agent:0.1.0", "localhost:5000/agent@sha256:" + "a" * 64],
     "driver_root": ["/run/nvidia/driver", "/"], "kubelet_root": ["/var/lib/kubelet"],
-    "channels_per_clique": [1, 128, 2047], "imex_modes": [["CliqueScoped"], ["CliqueScoped", "Dedicated"]],
+    "channels_per_clique": [1, 128, 2047], "channel_quota_per_namespace": [0, 64, 4096],
+    "imex_modes": [["CliqueScoped"], ["CliqueScoped", "Dedicated"]],
     "parallelism": [1, 18, 72], "gpus_per_pod": [1, 4], "kind": ["Job", "StatefulSet", "JobSet"],
     "pod_template": [{"spec": {"containers": [CONTAINER]}}], "clique_groups": [None, 2],
     "scheduler": ["auto", "nvlfabric"], "master_port": [29500], "wait": [True, False],
@@ -318,8 +445,8 @@ GOOD: dict[str, list[Any]] = {  # values a user would write, per argument name (
 BAD = st.one_of(json_value, st.integers(-10**6, 10**6), st.text(max_size=70), st.just("x" * 64),
                 st.just("/run/../x"), st.floats(allow_nan=True))
 COMPONENTS = {
-    "NvlfabricDriver": (NvlfabricDriver, ["image", "driver_root", "kubelet_root", "channels_per_clique", "imex_modes",
-                                          "labels"]),
+    "NvlfabricDriver": (NvlfabricDriver, ["image", "driver_root", "kubelet_root", "channels_per_clique",
+                                          "channel_quota_per_namespace", "imex_modes", "labels"]),
     "ComputeDomain": (ComputeDomain, ["name", "namespace", "spec", "labels", "await_for", "timeout_s",
                                       "force_delete"]),
     "Nvl72Rack": (Nvl72Rack, ["name", "nodes", "expected_clique", "label_nodes", "taints", "gpu_resource"]),
@@ -424,6 +551,41 @@ def test_a_sample_of_the_arguments_through_the_real_cli_never_prints_a_traceback
     finally:
         down = args_project.run("destroy", "--yes", "--skip-preview", check=False, timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+ISSUE_49 = [  # (component, kwargs, components declared before it, what the refusal says)
+    pytest.param("NvlfabricDriver", {"channels_per_clique": True}, [],
+                 "channels_per_clique: Input should be a valid integer, not a boolean (got True) (expected: IMEX "
+                 "channels per NVLink clique", id="a-boolean-for-an-integer"),
+    pytest.param("ComputeDomain", {"timeout_s": math.inf}, [],
+                 "timeout_s: Input should be a finite number (got inf) (expected: seconds a create, update or delete "
+                 "may take (a finite number > 0))", id="an-infinite-timeout"),
+    pytest.param("Nvl72Rack", {"nodes": ["gb200-r0-n00", "GB200_r0_n01"], "observe": False}, [],
+                 "nodes[1]: not a Node name: a Kubernetes Node name is a DNS subdomain: at most 253 characters",
+                 id="a-node-name-no-node-has"),
+    pytest.param("ComputeDomain", {"name": "hole-b"},
+                 [["ComputeDomain", "first", {"name": "hole-a", "spec": {"channelClaim": {"name": "hole-b-channel"}}}]],
+                 "name: 'hole-b' makes ResourceClaim default/hole-b-channel, its default channel claim <name>-channel, "
+                 "which ComputeDomain 'first' (domain default/hole-a) " + CLAIM_FIX, id="two-domains-on-one-claim"),
+]
+
+
+@pytest.mark.cluster
+@pytest.mark.pulumi
+@pytest.mark.parametrize("kind, kwargs, before, words", ISSUE_49)
+def test_each_refusal_of_issue_49_fails_pulumi_preview_naming_the_component_the_field_and_the_fix(
+        args_project: PulumiProject, kind: str, kwargs: dict[str, Any], before: list[Any], words: str) -> None:
+    args_project.run("config", "set", "component", kind)
+    args_project.run("config", "set", "kwargs", json.dumps(kwargs))  # (inf as JSON's usual Infinity)
+    args_project.run("config", "set", "before", json.dumps(before))
+    try:
+        out = args_project.run("preview", check=False, timeout=180)
+    finally:
+        args_project.run("config", "rm", "before")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert f"{kind} 'fuzz': invalid arguments" in text and words in text, text
+    assert "Traceback" not in text and "unhandled exception" not in text, text
 
 
 def json_safe(kwargs: dict[str, Any]) -> bool:

@@ -18,6 +18,8 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from nvlfabric import manifests
+from nvlfabric.api import names
 from nvlfabric.components import (
     BoundJob,
     ComponentArgsError,
@@ -27,6 +29,7 @@ from nvlfabric.components import (
     NvlfabricDriverArgs,
 )
 from nvlfabric.components.driver import driver_objects
+from nvlfabric.components.schema import package_schema
 from nvlfabric.components.workload import BoundJobArgs, job_manifest, workload_manifests
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
@@ -306,6 +309,40 @@ def test_driver_objects_apply_the_settings_and_label_everything() -> None:
     assert vols["kubelet"] == "/data/kubelet" and vols["driver-root"] == "/"
     ctl = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "CHANNELS_PER_CLIQUE", "value": "256"} in ctl["env"]
+
+
+def _controller_env(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (deploy,) = [o for o in objs if o["kind"] == "Deployment"]
+    env: list[dict[str, Any]] = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+    return env
+
+
+@pytest.mark.parametrize("quota", [None, 0, 5, names.MAX_CHANNEL_QUOTA_PER_NAMESPACE])
+def test_the_channel_quota_per_namespace_is_the_controllers_setting(quota: int | None) -> None:
+    """Rendered as CHANNELS_PER_CLIQUE is: set in the manifest's controller env, or added where an
+    older driver.yaml has none (0 is "no quota", written as such)."""
+    args = NvlfabricDriverArgs(**({} if quota is None else {"channel_quota_per_namespace": quota}))
+    want = {"name": "CHANNEL_QUOTA_PER_NAMESPACE",
+            "value": str(names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE if quota is None else quota)}
+    assert [e for e in _controller_env(driver_objects(args)) if e["name"] == want["name"]] == [want]
+    older = "\n".join(ln for ln in manifests.read(manifests.DRIVER_FILE).splitlines()
+                      if "CHANNEL_QUOTA_PER_NAMESPACE" not in ln)
+    assert [e for e in _controller_env(driver_objects(args, older)) if e["name"] == want["name"]] == [want]
+
+
+def test_the_channel_quota_setting_is_an_input_of_the_component_provider_with_its_description() -> None:
+    driver = package_schema()["resources"]["nvlfabric:index:NvlfabricDriver"]["inputProperties"]
+    description = NvlfabricDriverArgs.model_fields["channel_quota_per_namespace"].description or ""
+    assert driver["channelQuotaPerNamespace"] == {
+        "type": "integer", "default": names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE, "description": description}
+    assert names.CHANNEL_QUOTA_ANNOTATION in description and "ResourceQuota" in description
+    assert "0 turns the quota off" in description
+    assert NvlfabricDriver("q", channel_quota_per_namespace=0).args.channel_quota_per_namespace == 0
+    for bad, words in ((-1, "Input should be greater than or equal to 0 (got -1)"),
+                       (names.MAX_CHANNEL_QUOTA_PER_NAMESPACE + 1,
+                        f"Input should be less than or equal to {names.MAX_CHANNEL_QUOTA_PER_NAMESPACE}"),
+                       (True, "Input should be a valid integer, not a boolean (got True)")):
+        assert f"  channel_quota_per_namespace: {words}" in _error(NvlfabricDriver, channel_quota_per_namespace=bad)
 
 
 class _Mocks(pulumi.runtime.Mocks):
