@@ -42,7 +42,7 @@ class ChannelClaim:
 
     uid: str
     owner: tuple[str, str] | None
-    """(name, uid) of its controller owner reference to a ComputeDomain of a served version."""
+    """(name, uid) of its owner reference to a ComputeDomain of a served version."""
     configured: tuple[str, str] | None
     """(name, uid) of the ComputeDomain its channel configuration names (None: none, or several)."""
     terminating: bool
@@ -57,9 +57,10 @@ def channel_claim(raw: Mapping[str, Any]) -> ChannelClaim | None:
                 for r in devices.get("requests") or [])
     if not wants:
         return None
+    # Any owner reference to a ComputeDomain of a served version: the admission policy asks new
+    # claims for a controller reference, but a deletion is no place to be stricter than the agent.
     owner = next(((str(o.get("name", "")), str(o.get("uid", ""))) for o in meta.get("ownerReferences") or []
-                  if o.get("kind") == api.KIND and o.get("apiVersion") == api.API_VERSION and o.get("controller")),
-                 None)
+                  if o.get("kind") == api.KIND and o.get("apiVersion") == api.API_VERSION), None)
     named = [((c.get("opaque") or {}).get("parameters") or {}).get("computeDomain") or {}
              for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == names.DRIVER]
     configured = (str(named[0].get("name", "")), str(named[0].get("uid", ""))) if len(named) == 1 else None
@@ -72,8 +73,8 @@ def why_stray(namespace: str, name: str, claim: ChannelClaim, domain: tuple[str,
     the uid and claim names of the live ComputeDomain its owner reference names, None if none
     exists."""
     if claim.owner is None:
-        return (f"it has no controller owner reference to a ComputeDomain ({api.API_VERSION}): a channel claim "
-                "lives and dies with its domain")
+        return (f"it has no owner reference to a ComputeDomain ({api.API_VERSION}): a channel claim lives and "
+                "dies with its domain")
     owner, uid = claim.owner
     if claim.configured != claim.owner:
         return f"its channel configuration names another ComputeDomain than its owner {namespace}/{owner}"
