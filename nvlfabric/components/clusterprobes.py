@@ -14,10 +14,11 @@ from typing import Final
 
 import pulumi
 
+from nvlfabric.clusterview import discovery, scheduling
+from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components import program
 from nvlfabric.components.workloadargs import JOBSET_API, LWS_API, WorkloadKind
-from nvlfabric.provider import discovery, kube, scheduling
-from nvlfabric.provider.scheduling import WorkloadApis
+from nvlfabric.provider import kube
 
 #: The kinds whose controllers are not part of Kubernetes: their API, resource, project and the
 #: simulator's addon that runs them (`nvlfabric-sim up --addons ...`).

@@ -9,9 +9,9 @@ import copy
 from typing import Any, Final
 
 from nvlfabric.api.names import CLIQUE_LABEL, COMPOSITE_GROUP_TEMPLATE, POD_GROUP_TEMPLATE
+from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components.templatechecks import CLAIM_REF
 from nvlfabric.components.workloadargs import BoundJobArgs
-from nvlfabric.provider.scheduling import WorkloadApis
 
 SCHEDULING_KINDS: Final = ("Workload", "CompositePodGroup", "PodGroup")
 

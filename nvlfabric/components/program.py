@@ -38,8 +38,8 @@ import pulumi
 from nvlfabric.components.args import ComponentArgsError
 
 if TYPE_CHECKING:
+    from nvlfabric.clusterview.scheduling import WorkloadApis
     from nvlfabric.components.capacity import DeclaredRack
-    from nvlfabric.provider.scheduling import WorkloadApis
 
 
 @dataclass

@@ -5,7 +5,7 @@ The clique is discovered by the node agents (NVML) and written to the Nodes' `nv
 label; `expected_clique`, when given, is recorded on the nodes as `nvlfabric.io/expected-clique`
 so a mismatch (a miscabled tray, a tray in the wrong rack) is visible with one label selector.
 
-At every preview and update the component also reads the rack's Nodes (nvlfabric/provider/racks.py): its
+At every preview and update the component also reads the rack's Nodes (nvlfabric/clusterview/racks.py): its
 outputs `discovered_cliques`, `clique_mismatches` and `free_gpus` say what the agents found, and a
 mismatch with the declared clique (or a rack whose nodes report more than one clique) is a
 warning in the `pulumi up` output naming the nodes. These are read when the program runs, before
@@ -36,9 +36,10 @@ from nvlfabric.api.names import (
     RACK_LABEL,
     is_dns_subdomain,
 )
+from nvlfabric.clusterview import racks
 from nvlfabric.components import capacity, program, served
 from nvlfabric.components.args import ComponentArgsError, validate
-from nvlfabric.provider import kube, racknodes, racks
+from nvlfabric.provider import kube, racknodes
 from nvlfabric.provider.racknodes import RackNodesArgs
 
 NODE_NAME_RULE: Final = (f"a Kubernetes Node name is a DNS subdomain: at most {DNS_SUBDOMAIN_MAX} characters, "

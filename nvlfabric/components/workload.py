@@ -51,7 +51,7 @@ ClusterQueue, only once nvlfabric's controller has placed every group (controlle
 over a MultiClique domain only a JobSet, which is one Kueue workload.
 
 Who places the groups (`scheduler`): where the cluster offers Kubernetes' own workload scheduling
-(1.37's Workload, PodGroup and CompositePodGroup with their gates on; nvlfabric/provider/scheduling.py
+(1.37's Workload, PodGroup and CompositePodGroup with their gates on; nvlfabric/clusterview/scheduling.py
 checks at preview), the component declares it and kube-scheduler places each clique group as a
 gang constrained to one clique, the whole job as a gang of its groups, with each group's channel
 claim reserved for its PodGroup rather than for each pod (no per-pod `reservedFor` entry). The
@@ -75,6 +75,7 @@ import pulumi_kubernetes as k8s
 
 from nvlfabric.api.names import DEFAULT_MASTER_PORT, GPUS_PER_NODE, KUEUE_API_VERSION
 from nvlfabric.api.nvidia import Backend
+from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components import capacity, clusterprobes, program
 from nvlfabric.components.args import ComponentArgsError, validate
 from nvlfabric.components.clusterprobes import CONTROLLED_KINDS, DEFAULT_WORKLOAD_APIS, cluster_serves
@@ -94,7 +95,6 @@ from nvlfabric.components.workloadargs import (
     WorkloadKind,
 )
 from nvlfabric.components.workloadmanifests import NOT_AWAITED, job_manifest, workload_manifests
-from nvlfabric.provider.scheduling import WorkloadApis
 
 __all__ = [
     "BATCH_KINDS", "CLAIM_REF", "CONTROLLED_KINDS", "DEFAULT_WORKLOAD_APIS", "JOBSET_API", "JOBSET_REPLICATED_JOB",

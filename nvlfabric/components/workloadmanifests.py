@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any, Final
 
 from nvlfabric.api.names import CLIQUE_GROUP_LABEL, COMPUTE_DOMAIN_LABEL, KUEUE_QUEUE_LABEL, WORKLOAD_LABEL
+from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components.args import labels as nvl_labels
 from nvlfabric.components.launcherenv import add_launcher_env, launcher_env
 from nvlfabric.components.podgroups import pod_group_manifests, pod_group_name
 from nvlfabric.components.podtemplate import bound_pod_template
 from nvlfabric.components.workloadargs import BATCH_KINDS, JOBSET_API, JOBSET_REPLICATED_JOB, LWS_API, BoundJobArgs
-from nvlfabric.provider.scheduling import WorkloadApis
 
 NOT_AWAITED: Final = {"pulumi.com/skipAwait": "true", "pulumi.com/deletionPropagationPolicy": "background"}
 """A Job or StatefulSet that `pulumi up` does not wait for (wait=False). Not `waitFor` on a field

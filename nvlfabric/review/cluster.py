@@ -8,8 +8,8 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, GPU_RESOURCE, RACK_LABEL, WORKLOAD_LABEL
+from nvlfabric.clusterview import racks
 from nvlfabric.kube.errors import api_call
-from nvlfabric.provider import racks
 from nvlfabric.review.impact import Facts
 
 

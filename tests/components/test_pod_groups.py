@@ -9,10 +9,10 @@ import pulumi
 import pytest
 
 from nvlfabric.api.names import CLIQUE_LABEL, RESERVATION_GATE
+from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components import BoundJob, ComputeDomain, clusterprobes, workload
 from nvlfabric.components.args import ComponentArgsError
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.provider.scheduling import WorkloadApis
 
 APIS = WorkloadApis("scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha3")
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}

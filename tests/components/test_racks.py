@@ -1,4 +1,4 @@
-"""What Nvl72Rack reports about its nodes (nvlfabric/provider/racks.py): the cliques the agents discovered,
+"""What Nvl72Rack reports about its nodes (nvlfabric/clusterview/racks.py): the cliques the agents discovered,
 what disagrees with the declared clique, and the GPUs still free."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
+from nvlfabric.clusterview import racks
 from nvlfabric.components import ComponentArgsError, Nvl72Rack
-from nvlfabric.provider import racks
 from nvlfabric.sim.cluster import delete_nodes, make_ready_nodes
 from tests.conftest import Cluster
 

@@ -14,8 +14,8 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Node
 
 from nvlfabric.api.names import RACK_LABEL
+from nvlfabric.clusterview.racks import label_owner
 from nvlfabric.provider import racknodes
-from nvlfabric.provider.racks import label_owner
 from nvlfabric.sim.cluster import delete_nodes, make_ready_nodes
 from tests.conftest import Cluster
 

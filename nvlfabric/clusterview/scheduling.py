@@ -18,8 +18,8 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 
 from nvlfabric.api.names import CLIQUE_LABEL, SCHEDULING_API_GROUP, WORKLOAD_API_VERSIONS
+from nvlfabric.clusterview.discovery import served
 from nvlfabric.kube.errors import api_call
-from nvlfabric.provider.discovery import served
 
 KINDS = {"workloads": "Workload", "podgroups": "PodGroup", "compositepodgroups": "CompositePodGroup"}
 PROBE_NAME = "nvlfabric-probe"
