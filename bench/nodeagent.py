@@ -64,7 +64,7 @@ from lightkube.config.kubeconfig import KubeConfig  # noqa: E402
 
 from nvlfabric.api.kubelet import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc  # noqa: E402
 from nvlfabric.controller import pools  # noqa: E402
-from nvlfabric.sim import agenthost as ap  # noqa: E402
+from nvlfabric.sim import agenthost, agentprocess, channelclaims, draclient  # noqa: E402
 from nvlfabric.testbed.controlplane import ControlPlane, Ports, free_ports  # noqa: E402
 
 PORTS = Ports(etcd_client=63791, etcd_peer=63801, apiserver=56445, scheduler=60260)
@@ -135,19 +135,19 @@ def idle_cpu(pid: int, seconds: float) -> float:
     return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
-def make_claims(client: Client, host: ap.Host) -> list[ap.Claim]:
+def make_claims(client: Client, host: agenthost.Host) -> list[channelclaims.Claim]:
     """One ComputeDomain per claim (the agent prepares only a domain's own claim, issue 49), all
     clique-scoped: every claim shares the clique's one IMEX daemon, as before."""
-    def one(i: int) -> ap.Claim:
-        config = ap.compute_domain(client, f"bench-{i:04d}")
-        return ap.allocated_claim(client, host, f"{config.compute_domain.name}-channel", config.to_kube(),
-                                  channel=i + 1)
+    def one(i: int) -> channelclaims.Claim:
+        config = channelclaims.compute_domain(client, f"bench-{i:04d}")
+        return channelclaims.allocated_claim(client, host, f"{config.compute_domain.name}-channel",
+                                             config.to_kube(), channel=i + 1)
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(one, range(CLAIMS)))
 
 
-def timed(calls: list[ap.Claim], kubelet: ap.Kubelet, op: str) -> list[float]:
+def timed(calls: list[channelclaims.Claim], kubelet: draclient.Kubelet, op: str) -> list[float]:
     out = []
     for c in calls:
         t0 = time.perf_counter()
@@ -177,11 +177,11 @@ def run(tmp: Path, results: dict[str, float]) -> None:
     cp = ControlPlane(state_dir=tmp / "cp", ports=PORTS, progress=lambda m: None)
     cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager="bench")
-    agent: ap.AgentProcess | None = None
-    host: ap.Host | None = None
+    agent: agentprocess.AgentProcess | None = None
+    host: agenthost.Host | None = None
     try:
-        host = ap.make_host(tmp / "host", range(245, 250))  # apart from cp/: remove_host deletes it
-        ap.register(client, host)
+        host = agenthost.make_host(tmp / "host", range(245, 250))  # apart from cp/: remove_host deletes it
+        agenthost.register(client, host)
         pools.apply(client, host.clique, channels=CLAIMS)  # what the controller would publish
         t0 = time.monotonic()
         claims = make_claims(client, host)
@@ -196,14 +196,14 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         (sa / "token").write_text(yaml.safe_load(cp.kubeconfig.read_text())["users"][0]["user"]["token"])
         shutil.copyfile(cp.state_dir / "pki" / "ca.crt", sa / "ca.crt")
         health_port, metrics_port = free_ports().apiserver, free_ports().scheduler
-        agent = ap.AgentProcess(host, cp.kubeconfig, resync_seconds=RESYNC_S,
-                                in_cluster=(f"127.0.0.1:{PORTS.apiserver}", sa),
-                                health_port=health_port, metrics_port=metrics_port)
+        agent = agentprocess.AgentProcess(host, cp.kubeconfig, resync_seconds=RESYNC_S,
+                                          in_cluster=(f"127.0.0.1:{PORTS.apiserver}", sa),
+                                          health_port=health_port, metrics_port=metrics_port)
         agent.start()
         assert agent.pid is not None
         time.sleep(1)
         results["rss_no_claims_mb"] = status_kb(agent.pid, "VmRSS")
-        kubelet = ap.Kubelet(host.endpoint)
+        kubelet = draclient.Kubelet(host.endpoint)
         t0 = time.monotonic()
         cold = timed(claims[:FIRST], kubelet, "prepare")  # the first domains: the clique's IMEX daemon runs
         time.sleep(1)
@@ -256,7 +256,7 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         results["keeper_idle_cpu_pct"] = idle_cpu(agent.keeper.proc.pid, IDLE_S)
         say(f"IMEX keeper RSS {results['keeper_rss_mb']:.1f} MB, idle CPU {results['keeper_idle_cpu_pct']:.3f} %")
 
-        kubelet = ap.Kubelet(host.endpoint)
+        kubelet = draclient.Kubelet(host.endpoint)
         results["unprepare_p50_ms"] = statistics.median(timed(claims, kubelet, "unprepare"))
         kubelet.close()
         left = {"cdi specs": len(host.cdi_specs()), "channel nodes": len(host.channel_nodes())}
@@ -267,8 +267,8 @@ def run(tmp: Path, results: dict[str, float]) -> None:
         if agent is not None:
             agent.close()
         if host is not None:
-            ap.stop_daemons(host)
-            ap.remove_host(host)
+            agenthost.stop_daemons(host)
+            agenthost.remove_host(host)
         client.close()
         cp.down()
 

@@ -3,7 +3,7 @@ of a cluster that are not running: the ComputeDomain CRD as an install applies i
 Leases) as a healthy kubelet leaves them; and `eventually`, the poll every such set-up waits with.
 
 It lives in the simulator room, beside the control plane and the node stand-ins, because the tests
-the agent harness (nvlfabric/sim/agenthost.py) and the benchmarks all use
+the agent harness (nvlfabric/sim/agenthost.py, channelclaims.py) and the benchmarks all use
 it: benchmarks use nvlfabric as a user would and import no test helpers.
 """
 

@@ -46,7 +46,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import names
 from nvlfabric.controller import pools
 from nvlfabric.nodeagent import cdi, checkpoint
-from nvlfabric.sim import agenthost as ap
+from nvlfabric.sim import agenthost, agentprocess, channelclaims, draclient
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
 
@@ -63,9 +63,9 @@ STALE = "stale"  # what the agent says when it refuses the retry of a prepare th
 
 @dataclass
 class Node:
-    host: ap.Host
-    agent: ap.AgentProcess
-    claims: list[ap.Claim]
+    host: agenthost.Host
+    agent: agentprocess.AgentProcess
+    claims: list[channelclaims.Claim]
     channel: dict[str, int]  # claim UID → its allocated channel
 
 
@@ -73,14 +73,14 @@ class Node:
 def node(cluster: Cluster) -> Iterator[Node]:
     client = cluster.client
     state = Path(tempfile.mkdtemp(prefix="nvlc-", dir="/tmp"))
-    host = ap.make_host(state, RACKS)
-    ap.register(client, host)
+    host = agenthost.make_host(state, RACKS)
+    agenthost.register(client, host)
     pools.apply(client, host.clique, channels=CLAIMS + 2)  # what the controller would publish
     names = [f"crash-{os.urandom(3).hex()}-{i}" for i in range(CLAIMS)]
-    agent = ap.AgentProcess(host, cluster.kubeconfig, resync_seconds=1.0)
+    agent = agentprocess.AgentProcess(host, cluster.kubeconfig, resync_seconds=1.0)
     try:
-        claims = [ap.scheduled_claim(client, host, n) for n in names]
-        ap.wait_allocated(client, claims)
+        claims = [channelclaims.scheduled_claim(client, host, n) for n in names]
+        channelclaims.wait_allocated(client, claims)
         channel = {}
         for c in claims:
             alloc = client.get(ResourceClaim, c.name, namespace=c.namespace).status.allocation
@@ -89,12 +89,12 @@ def node(cluster: Cluster) -> Iterator[Node]:
     finally:
         agent.kill()
         agent.keeper.kill()
-        ap.stop_daemons(host)
+        agenthost.stop_daemons(host)
         for n in names:
-            ap.delete_domain(client, n)
-        ap.unregister(client, host)
+            channelclaims.delete_domain(client, n)
+        agenthost.unregister(client, host)
         pools.withdraw(client, host.clique)
-        ap.remove_host(host)
+        agenthost.remove_host(host)
 
 
 @dataclass
@@ -105,7 +105,7 @@ class KubeletView:
     pending: dict[str, str] = field(default_factory=dict)  # UID → the call it must retry
     half: set[str] = field(default_factory=set)  # UIDs whose prepare got no answer, not yet settled
     quarantine: dict[str, float] = field(default_factory=dict)  # UID → monotonic time a retry is no longer stale
-    just_quarantined: list[ap.Claim] = field(default_factory=list)
+    just_quarantined: list[channelclaims.Claim] = field(default_factory=list)
     cycles: int = 0
     kills: dict[str, int] = field(default_factory=lambda: {"in call": 0, "idle": 0, "at start": 0})
     calls: int = 0
@@ -118,7 +118,7 @@ class CrashRun:
         self.rng = random.Random(seed)
         self.seed = seed
         self.k = KubeletView()
-        self.client = ap.Kubelet(n.host.endpoint)
+        self.client = draclient.Kubelet(n.host.endpoint)
         self.durations = {"prepare": 0.05, "unprepare": 0.02}
         self.by_uid = {c.uid: c for c in n.claims}
 
@@ -167,7 +167,7 @@ class CrashRun:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def call(self, op: str, claims: Sequence[ap.Claim]) -> None:
+    def call(self, op: str, claims: Sequence[channelclaims.Claim]) -> None:
         """One kubelet call, maybe with a SIGKILL at a random moment inside it."""
         self.k.calls += 1
         names = ", ".join(c.name.removesuffix("-channel") for c in claims)
@@ -185,7 +185,7 @@ class CrashRun:
                 pass
         try:
             results: dict[str, object] | None = dict(
-                ap.Kubelet.prepare_result(fut) if op == "prepare" else ap.Kubelet.unprepare_result(fut))
+                draclient.Kubelet.prepare_result(fut) if op == "prepare" else draclient.Kubelet.unprepare_result(fut))
         except grpc.RpcError as exc:
             if not killed:
                 self.fail(f"{op} [{names}]: the agent failed the call without being killed: {exc}")
@@ -210,7 +210,7 @@ class CrashRun:
         else:
             self.check(f"after {op} [{names}]")
 
-    def settle(self, op: str, c: ap.Claim, result: object) -> None:
+    def settle(self, op: str, c: channelclaims.Claim, result: object) -> None:
         k = self.k
         if op == "prepare":
             if isinstance(result, str):
@@ -305,7 +305,7 @@ class CrashRun:
 
     # -- the schedule ---------------------------------------------------------------------------
 
-    def pick(self) -> tuple[str, list[ap.Claim]]:
+    def pick(self) -> tuple[str, list[channelclaims.Claim]]:
         k, now = self.k, time.monotonic()
         usable = [c for c in self.n.claims if k.quarantine.get(c.uid, 0) <= now] or list(self.n.claims)
         first = self.rng.choice(usable)
@@ -316,7 +316,7 @@ class CrashRun:
         extra = self.rng.sample(others, k=min(len(others), self.rng.choice([0, 0, 0, 1, 2])))
         return op, [first, *extra]
 
-    def op_for(self, c: ap.Claim) -> str:
+    def op_for(self, c: channelclaims.Claim) -> str:
         k = self.k
         if k.pending.get(c.uid) == "prepare":
             quarantined = sum(until > time.monotonic() for until in k.quarantine.values())
@@ -339,7 +339,7 @@ class CrashRun:
                 self.note("killed between calls")
                 self.kill("idle")
 
-    def call_without_kill(self, op: str, claims: Sequence[ap.Claim]) -> None:
+    def call_without_kill(self, op: str, claims: Sequence[channelclaims.Claim]) -> None:
         saved = self.rng.random
         self.rng.random = lambda: 1.0  # type: ignore[method-assign]
         try:
@@ -396,7 +396,7 @@ def test_sigkill_at_random_moments_loses_no_claim_and_leaks_nothing(node: Node) 
 # The states a kill leaves, built deterministically (the random run above meets them by chance).
 
 
-def _allocation(node: Node, c: ap.Claim, cluster: Cluster) -> checkpoint.Allocation:
+def _allocation(node: Node, c: channelclaims.Claim, cluster: Cluster) -> checkpoint.Allocation:
     params = cluster.client.get(ResourceClaim, c.name, namespace=c.namespace).spec.devices.config[0].opaque.parameters
     return checkpoint.Allocation(compute_domain_uid=params["computeDomain"]["uid"],
                                  compute_domain_name=params["computeDomain"]["name"],
@@ -422,7 +422,7 @@ def test_a_prepare_killed_after_its_side_effects_is_undone_by_unprepare(node: No
 
     node.agent.start()
     assert not host.temp_files()
-    kubelet = ap.Kubelet(host.endpoint)
+    kubelet = draclient.Kubelet(host.endpoint)
     assert kubelet.unprepare([half]) == {half.uid: ""}  # the pod went away instead of a retry
     assert half.uid not in host.cdi_specs() and ch not in host.channel_nodes()
     entry = checkpoint.load(host.checkpoint, host.boot_id)[0].get(half.uid)
@@ -446,7 +446,7 @@ def test_a_prepare_killed_after_its_side_effects_is_undone_by_unprepare(node: No
 def test_the_imex_daemon_outlives_agent_kills_and_a_keeper_restart_adopts_it(node: Node) -> None:
     host, c = node.host, node.claims[0]
     node.agent.start()
-    kubelet = ap.Kubelet(host.endpoint)
+    kubelet = draclient.Kubelet(host.endpoint)
     result = kubelet.prepare([c])[c.uid]
     assert not isinstance(result, str), result
     (daemon,) = host.imex_daemons()
@@ -479,16 +479,17 @@ def test_a_claim_allocated_anew_under_its_uid_is_prepared_anew(node: Node, clust
     the old channel's node and spec go, the new one is prepared; nothing is answered from the stale
     entry."""
     host, client = node.host, cluster.client
-    config = ap.compute_domain(client, f"realloc-{os.urandom(3).hex()}")
+    config = channelclaims.compute_domain(client, f"realloc-{os.urandom(3).hex()}")
     old, new = CLAIMS + 1, CLAIMS + 2  # channels no scheduled claim of the fixture holds
     try:
-        c = ap.allocated_claim(client, host, f"{config.compute_domain.name}-channel", config.to_kube(), channel=old)
+        c = channelclaims.allocated_claim(client, host, f"{config.compute_domain.name}-channel", config.to_kube(),
+                                          channel=old)
         node.agent.start()
-        kubelet = ap.Kubelet(host.endpoint)
+        kubelet = draclient.Kubelet(host.endpoint)
         first = kubelet.prepare([c])[c.uid]
         assert not isinstance(first, str) and first[0]["device"] == f"channel-{old}", first
         node.agent.kill()
-        for allocation in (None, ap.allocation(host, new, config.to_kube())):
+        for allocation in (None, channelclaims.allocation(host, new, config.to_kube())):
             client.patch(ResourceClaim.Status, c.name, {"status": {"allocation": allocation}}, namespace=c.namespace,
                          patch_type=PatchType.MERGE)
         node.agent.start()
@@ -501,7 +502,7 @@ def test_a_claim_allocated_anew_under_its_uid_is_prepared_anew(node: Node, clust
         assert kubelet.unprepare([c]) == {c.uid: ""} and not host.channel_nodes() and not host.cdi_specs()
         kubelet.close()
     finally:
-        ap.delete_domain(client, config.compute_domain.name)
+        channelclaims.delete_domain(client, config.compute_domain.name)
 
 
 def test_a_corrupt_checkpoint_is_rebuilt_from_the_api_server(node: Node, cluster: Cluster) -> None:
@@ -510,7 +511,7 @@ def test_a_corrupt_checkpoint_is_rebuilt_from_the_api_server(node: Node, cluster
     later unprepare cleans it up), the spec and channel of a claim whose pod is gone are removed."""
     host, (held, left, *_) = node.host, node.claims
     node.agent.start()
-    kubelet = ap.Kubelet(host.endpoint)
+    kubelet = draclient.Kubelet(host.endpoint)
     first = kubelet.prepare([held, left])
     assert all(not isinstance(r, str) for r in first.values()), first
     assert node.channel[held.uid] != node.channel[left.uid]
@@ -547,9 +548,9 @@ def test_an_agent_no_kubelet_registers_exits_naming_the_kubelet_root(cluster: Cl
     restarts with back-off and says why instead of running "healthy" unused."""
     client = cluster.client
     state = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))
-    host = ap.make_host(state, RACKS)
-    ap.register(client, host)
-    agent = ap.AgentProcess(host, cluster.kubeconfig, registration_timeout=2.0)
+    host = agenthost.make_host(state, RACKS)
+    agenthost.register(client, host)
+    agent = agentprocess.AgentProcess(host, cluster.kubeconfig, registration_timeout=2.0)
     try:
         agent.spawn()
         assert agent.proc is not None
@@ -560,6 +561,6 @@ def test_an_agent_no_kubelet_registers_exits_naming_the_kubelet_root(cluster: Cl
     finally:
         agent.kill()
         agent.keeper.kill()
-        ap.stop_daemons(host)
-        ap.unregister(client, host)
-        ap.remove_host(host)
+        agenthost.stop_daemons(host)
+        agenthost.unregister(client, host)
+        agenthost.remove_host(host)

@@ -30,7 +30,7 @@ from nvlfabric.controller import pools
 from nvlfabric.nodeagent import checkpoint
 from nvlfabric.nodeagent.driver import claim_name
 from nvlfabric.nodeagent.server import ClaimRef
-from nvlfabric.sim import agenthost as ap
+from nvlfabric.sim import agenthost, agentprocess, channelclaims, draclient
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -41,10 +41,10 @@ CHANNELS = 96
 @dataclass
 class Fuzz:
     client: Client
-    host: ap.Host
-    agent: ap.AgentProcess
-    kubelet: ap.Kubelet
-    good: list[ap.Claim]  # valid claims, prepared at the start
+    host: agenthost.Host
+    agent: agentprocess.AgentProcess
+    kubelet: draclient.Kubelet
+    good: list[channelclaims.Claim]  # valid claims, prepared at the start
     answers: dict[str, object]
     config: dict[str, Any]  # the first good claim's (valid) opaque config
     next_channel: int = 10
@@ -64,19 +64,19 @@ class Fuzz:
 def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
     client = cluster.client
     state = Path(tempfile.mkdtemp(prefix="nvlf-", dir="/tmp"))
-    host = ap.make_host(state, RACKS)
-    ap.register(client, host)
+    host = agenthost.make_host(state, RACKS)
+    agenthost.register(client, host)
     pools.apply(client, host.clique, channels=CHANNELS)  # what the controller would publish
-    agent = ap.AgentProcess(host, cluster.kubeconfig)
-    kubelet = ap.Kubelet(host.endpoint)
+    agent = agentprocess.AgentProcess(host, cluster.kubeconfig)
+    kubelet = draclient.Kubelet(host.endpoint)
     created: list[str] = []
     try:
         good = []
         for i in range(3):
-            config = ap.compute_domain(client, f"fz-{os.urandom(3).hex()}")
+            config = channelclaims.compute_domain(client, f"fz-{os.urandom(3).hex()}")
             created.append(config.compute_domain.name)
-            good.append(ap.allocated_claim(client, host, f"{config.compute_domain.name}-channel",
-                                                         config.to_kube(), channel=i + 1))
+            good.append(channelclaims.allocated_claim(client, host, f"{config.compute_domain.name}-channel",
+                                                      config.to_kube(), channel=i + 1))
         agent.start()
         answers: dict[str, object] = dict(kubelet.prepare(good))
         assert all(not isinstance(a, str) for a in answers.values()), answers
@@ -86,15 +86,15 @@ def fuzz(cluster: Cluster) -> Iterator[Fuzz]:
     finally:
         kubelet.close()
         agent.close()
-        ap.stop_daemons(host)
+        agenthost.stop_daemons(host)
         for rc in client.list(ResourceClaim, namespace="default", labels={"nvlfabric.io/fuzz": "1"}):
             with contextlib.suppress(ApiError):
                 client.delete(ResourceClaim, rc.metadata.name, namespace="default")
         for name in created:
-            ap.delete_domain(client, name)
-        ap.unregister(client, host)
+            channelclaims.delete_domain(client, name)
+        agenthost.unregister(client, host)
         pools.withdraw(client, host.clique)
-        ap.remove_host(host)
+        agenthost.remove_host(host)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,9 +115,9 @@ _uid = st.one_of(st.just(""), st.uuids().map(str), _odd)
 
 
 @st.composite
-def claim_lists(draw: st.DrawFn, fuzz: Fuzz) -> list[ap.Claim]:
+def claim_lists(draw: st.DrawFn, fuzz: Fuzz) -> list[channelclaims.Claim]:
     """Up to 20 claims: junk, real ones, real ones with a field swapped, duplicates."""
-    def one() -> ap.Claim:
+    def one() -> channelclaims.Claim:
         kind = draw(st.sampled_from(["junk", "junk", "real", "swapped", "absent"]))
         real = draw(st.sampled_from(fuzz.good))
         if kind == "real":
@@ -125,10 +125,10 @@ def claim_lists(draw: st.DrawFn, fuzz: Fuzz) -> list[ap.Claim]:
         if kind == "swapped":
             which = draw(st.sampled_from(["namespace", "name", "uid"]))
             value = draw(_uid if which == "uid" else _odd)
-            return ap.Claim(**{**real.__dict__, which: value})
+            return channelclaims.Claim(**{**real.__dict__, which: value})
         if kind == "absent":  # well-formed but no such claim
-            return ap.Claim("default", f"absent-{draw(st.integers(0, 10**6))}", str(draw(st.uuids())))
-        return ap.Claim(draw(_odd), draw(_odd), draw(_uid))
+            return channelclaims.Claim("default", f"absent-{draw(st.integers(0, 10**6))}", str(draw(st.uuids())))
+        return channelclaims.Claim(draw(_odd), draw(_odd), draw(_uid))
 
     claims = [one() for _ in range(draw(st.integers(0, 20)))]
     if claims and draw(st.booleans()):
@@ -136,7 +136,7 @@ def claim_lists(draw: st.DrawFn, fuzz: Fuzz) -> list[ap.Claim]:
     return claims
 
 
-def _answered(claims: list[ap.Claim], results: dict[str, Any], op: str) -> None:
+def _answered(claims: list[channelclaims.Claim], results: dict[str, Any], op: str) -> None:
     last = {c.uid: c for c in claims}  # a UID sent twice gets one answer, for its last mention
     assert set(results) == set(last), f"{op}: answers for {sorted(results)[:5]}, asked {sorted(last)[:5]}"
     for uid, c in last.items():
@@ -171,7 +171,7 @@ def test_malformed_kubelet_requests_get_an_answer_per_claim(fuzz: Fuzz, data: st
 
 
 def test_thousands_of_claims_in_one_call(fuzz: Fuzz) -> None:
-    absent = [ap.Claim("default", f"absent-{i}", str(uuid.uuid4())) for i in range(2000)]
+    absent = [channelclaims.Claim("default", f"absent-{i}", str(uuid.uuid4())) for i in range(2000)]
     claims = [*absent, *fuzz.good, *absent[:50]]
     prepared = fuzz.kubelet.prepare(claims, timeout=120)
     _answered(claims, prepared, "prepare")
@@ -182,7 +182,7 @@ def test_thousands_of_claims_in_one_call(fuzz: Fuzz) -> None:
 
 
 def test_a_request_too_large_for_grpc_is_refused_and_the_agent_carries_on(fuzz: Fuzz) -> None:
-    huge = [ap.Claim("default", "x" * 1_000_000, str(i)) for i in range(5)]
+    huge = [channelclaims.Claim("default", "x" * 1_000_000, str(i)) for i in range(5)]
     with pytest.raises(grpc.RpcError) as err:
         fuzz.kubelet.prepare(huge)
     assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -262,8 +262,9 @@ def test_malformed_opaque_configs_are_refused_naming_claim_and_field(fuzz: Fuzz,
     cfg, fields = data.draw(broken_configs(fuzz.config))
     name = f"fz-bad-{uuid.uuid4().hex[:8]}"
     try:
-        claim = ap.allocated_claim(fuzz.client, fuzz.host, name, cfg, channel=fuzz.channel(), labels=FUZZ_LABEL,
-                                   owner=ChannelConfig.model_validate(fuzz.config).compute_domain)
+        claim = channelclaims.allocated_claim(fuzz.client, fuzz.host, name, cfg, channel=fuzz.channel(),
+                                              labels=FUZZ_LABEL,
+                                              owner=ChannelConfig.model_validate(fuzz.config).compute_domain)
     except ApiError as exc:  # the API server refuses some (say, numbers JSON cannot hold): never reach the agent
         assert exc.status.code in (400, 422), exc.status
         event(f"refused by the API server ({exc.status.code})")
@@ -289,8 +290,8 @@ def test_malformed_opaque_configs_are_refused_naming_claim_and_field(fuzz: Fuzz,
 def test_non_object_parameters_are_refused_by_the_api_server(fuzz: Fuzz) -> None:
     for params in ([1, 2], "text", 5, True):
         with pytest.raises(ApiError) as err:
-            ap.allocated_claim(fuzz.client, fuzz.host, f"fz-nd-{uuid.uuid4().hex[:6]}", params, channel=9,
-                               labels=FUZZ_LABEL)
+            channelclaims.allocated_claim(fuzz.client, fuzz.host, f"fz-nd-{uuid.uuid4().hex[:6]}", params,
+                                          channel=9, labels=FUZZ_LABEL)
         assert "must be a valid JSON object" in err.value.status.message
 
 
