@@ -50,6 +50,9 @@ from nvlfabric.api.names import (
     DNS_SUBDOMAIN,
     DNS_SUBDOMAIN_MAX,
     GROUP,
+    IMEX_CMD_PORT,
+    IMEX_PORT_STRIDE,
+    IMEX_SERVER_PORT,
     MAX_CHANNEL,
     MAX_CLIQUES_PER_DOMAIN,
     MAX_IMEX_PORT_SLOT,
@@ -456,7 +459,8 @@ class ComputeDomainStatus(_Status):
     imex_port_slot: int | None = Field(
         None, alias="imexPortSlot", ge=1, le=MAX_IMEX_PORT_SLOT,
         description="imexMode Dedicated only: the IMEX port slot of this ComputeDomain's own IMEX domain "
-                    "(peer port 50000+10*slot, command port 50005+10*slot), assigned by the controller once "
+                    f"(peer port {IMEX_SERVER_PORT}+{IMEX_PORT_STRIDE}*slot, command port "
+                    f"{IMEX_CMD_PORT}+{IMEX_PORT_STRIDE}*slot), assigned by the controller once "
                     "the clique is known, unique among the clique's dedicated ComputeDomains, never changed.",
         json_schema_extra={"format": "int32"})
     imex_authentication: IMEXAuthentication | None = Field(

@@ -256,9 +256,22 @@ COMPOSITE_GROUP_TEMPLATE: Final = "job"
 CLIQUE_GROUPS_ANNOTATION: Final = "nvlfabric.io/clique-groups"
 """On each channel claim of a multi-clique ComputeDomain: how many claims (one per clique) the
 domain has, so the controller places them all at once or none."""
+
+# -- IMEX ports -------------------------------------------------------------------------------------
+# Every member of an IMEX domain listens on the same two ports, and two domains on one node must not
+# share them: a domain's port slot k shifts IMEX's default pair by IMEX_PORT_STRIDE x k. The agent
+# (nodeagent/imexconfig.py), the controller (which assigns slots) and the simulator's daemon all
+# count by these.
+
+IMEX_SERVER_PORT: Final = 50000
+"""IMEX's default peer port (its config key SERVER_PORT): slot 0's."""
+IMEX_CMD_PORT: Final = 50005
+"""IMEX's default command port (IMEX_CMD_PORT): slot 0's."""
+IMEX_PORT_STRIDE: Final = 10
+"""Slots are 10 ports apart: room for both ports of a slot (0 and +5) and none shared with a neighbour."""
 MAX_IMEX_PORT_SLOT: Final = 99
 """Dedicated IMEX domains use port slots 1..99 (slot 0, the IMEX default ports, is the clique's
-persistent domain)."""
+persistent domain): every port stays below 51000."""
 
 # -- name rules ---------------------------------------------------------------------------------------
 

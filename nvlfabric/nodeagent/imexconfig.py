@@ -13,7 +13,8 @@ the caller learned them in: IPv4 addresses numerically, then IPv6, then host nam
 
 Ports: every member of a domain uses the same peer port (`SERVER_PORT`) and command port
 (`IMEX_CMD_PORT`), and two domains on one node must not share them. `ports_for_slot(slot)` gives
-slot 0 the IMEX defaults (50000/50005) and slot k the pair shifted by 10*k (k < 100). The clique-scoped
+slot 0 the IMEX defaults and slot k the pair shifted by a stride of k (k <= names.MAX_IMEX_PORT_SLOT;
+the numbers are names.IMEX_SERVER_PORT, IMEX_CMD_PORT and IMEX_PORT_STRIDE). The clique-scoped
 domain uses slot 0; a dedicated domain gets a slot allocated by the controller, unique among the live
 dedicated domains of its clique and recorded on the ComputeDomain, so all members agree without
 talking to each other and no node (a node is in exactly one clique) sees two domains on one slot.
@@ -26,11 +27,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nvlfabric.api import names
+
 __all__ = [
-    "DEFAULT_CMD_PORT",
-    "DEFAULT_SERVER_PORT",
-    "MAX_DOMAIN_SLOTS",
-    "PORT_STRIDE",
     "TLS_CA",
     "TLS_CERT",
     "TLS_KEY",
@@ -41,13 +40,6 @@ __all__ = [
     "ports_for_slot",
     "render_nodes",
 ]
-
-DEFAULT_SERVER_PORT = 50000
-DEFAULT_CMD_PORT = 50005
-PORT_STRIDE = 10
-"""Slots are 10 ports apart: room for both ports of a slot (0 and +5) and none shared with a neighbour."""
-MAX_DOMAIN_SLOTS = 100
-"""Slots 0..99 keep every port below 51000."""
 
 _DOMAIN_ID = re.compile(r"[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,252})")
@@ -84,12 +76,13 @@ class DomainPorts:
     cmd: int
 
 
-def ports_for_slot(slot: int, *, base_server: int = DEFAULT_SERVER_PORT,
-                   base_cmd: int = DEFAULT_CMD_PORT) -> DomainPorts:
+def ports_for_slot(slot: int, *, base_server: int = names.IMEX_SERVER_PORT,
+                   base_cmd: int = names.IMEX_CMD_PORT) -> DomainPorts:
     """The peer and command ports of port slot `slot` (0 = the IMEX defaults)."""
-    if not 0 <= slot < MAX_DOMAIN_SLOTS:
-        raise ValueError(f"IMEX port slot must be in 0..{MAX_DOMAIN_SLOTS - 1}, got {slot}")
-    return DomainPorts(server=base_server + PORT_STRIDE * slot, cmd=base_cmd + PORT_STRIDE * slot)
+    if not 0 <= slot <= names.MAX_IMEX_PORT_SLOT:
+        raise ValueError(f"IMEX port slot must be in 0..{names.MAX_IMEX_PORT_SLOT}, got {slot}")
+    stride = names.IMEX_PORT_STRIDE * slot
+    return DomainPorts(server=base_server + stride, cmd=base_cmd + stride)
 
 
 def _address(entry: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

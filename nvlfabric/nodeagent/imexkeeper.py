@@ -172,8 +172,8 @@ class KeeperDomain:
     daemon's state (the keeper's, asked at each read), its readiness (`nvidia-imex-ctl -q`)."""
 
     def __init__(self, keeper_socket: Path, *, domain_id: str, workdir: Path, driver_root: Path,
-                 bind_address: str, server_port: int = imexconfig.DEFAULT_SERVER_PORT,
-                 cmd_port: int = imexconfig.DEFAULT_CMD_PORT, tls_target: str = "",
+                 bind_address: str, server_port: int = names.IMEX_SERVER_PORT,
+                 cmd_port: int = names.IMEX_CMD_PORT, tls_target: str = "",
                  ctl_timeout: float = CTL_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
         imexconfig.check_domain(domain_id, bind_address, server_port, cmd_port)
         self.keeper_socket = keeper_socket

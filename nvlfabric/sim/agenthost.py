@@ -154,7 +154,7 @@ def _listening_imex(address: str) -> set[int]:
 
 def _address_free(address: str) -> bool:
     """Nothing holds the IMEX ports (slot 0) on this loopback address: no other run uses this rack."""
-    for port in (50000, 50005):
+    for port in (names.IMEX_SERVER_PORT, names.IMEX_CMD_PORT):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

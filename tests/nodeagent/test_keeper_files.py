@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvlfabric.api import names
 from nvlfabric.nodeagent import imex, imexconfig
 from nvlfabric.nodeagent.imexkeeper import Ensure, KeeperDomain
 from nvlfabric.sim.imex.config import ImexConfig as SimImexConfig
@@ -64,11 +65,11 @@ def test_the_slot_golden_file_is_slot_3_and_slots_never_overlap() -> None:
     text = (GOLDEN / "dedicated-slot3-config.cfg").read_text()
     assert f"SERVER_PORT={SLOT3.server}\n" in text and f"IMEX_CMD_PORT={SLOT3.cmd}\n" in text
     assert imexconfig.ports_for_slot(0) == imexconfig.DomainPorts(server=50000, cmd=50005)
-    ports = [p for s in range(imexconfig.MAX_DOMAIN_SLOTS)
+    ports = [p for s in range(names.MAX_IMEX_PORT_SLOT + 1)
              for p in (imexconfig.ports_for_slot(s).server, imexconfig.ports_for_slot(s).cmd)]
     assert len(set(ports)) == len(ports) and max(ports) < 51000
     with pytest.raises(ValueError, match="slot"):
-        imexconfig.ports_for_slot(imexconfig.MAX_DOMAIN_SLOTS)
+        imexconfig.ports_for_slot(names.MAX_IMEX_PORT_SLOT + 1)
 
 
 def test_the_config_uses_the_real_keys_and_the_daemon_accepts_it(nodes: Nodes) -> None:

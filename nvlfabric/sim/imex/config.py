@@ -26,6 +26,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
+from nvlfabric.api import names
+
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_NODES_PATH",
@@ -86,6 +88,15 @@ def _ipv4_or_empty(value: str) -> str:
     return value
 
 
+def _fits_a_unix_socket(value: str) -> str:
+    # Counted in bytes, as sun_path holds them (and as the daemons count): a path of 60 two-byte
+    # characters does not fit.
+    if len(value.encode()) > names.MAX_UNIX_SOCKET_PATH:
+        raise ValueError(f"a unix socket path has at most {names.MAX_UNIX_SOCKET_PATH} bytes, "
+                         f"this one {len(value.encode())}")
+    return value
+
+
 Text = Annotated[str, AfterValidator(_single_line)]
 IPv4OrEmpty = Annotated[str, AfterValidator(_single_line), AfterValidator(_ipv4_or_empty)]
 Flag = Literal[0, 1]
@@ -121,7 +132,7 @@ class ImexConfig(BaseModel):
     LOG_USE_SYSLOG: Flag = 0
     DAEMONIZE: Flag = 1
     BIND_INTERFACE_IP: IPv4OrEmpty = ""
-    SERVER_PORT: Port = 50000
+    SERVER_PORT: Port = names.IMEX_SERVER_PORT
     IMEX_NODE_CONFIG_FILE: Annotated[Text, Field(min_length=1)] = DEFAULT_NODES_PATH
     NETWORK_INTERFACE: Text = ""
     IMEX_WAIT_FOR_QUORUM: WaitForQuorum = WaitForQuorum.RECOVERY
@@ -142,8 +153,8 @@ class ImexConfig(BaseModel):
     IMEX_GSS_SHUTDOWN_ON_FAILURE: Flag = 1
     IMEX_CMD_ENABLED: Flag = 1
     IMEX_CMD_BIND_INTERFACE_IP: IPv4OrEmpty = ""
-    IMEX_CMD_PORT: Port = 50005
-    IMEX_CMD_UNIX_DOMAIN_PATH: Annotated[Text, Field(max_length=107)] = ""
+    IMEX_CMD_PORT: Port = names.IMEX_CMD_PORT
+    IMEX_CMD_UNIX_DOMAIN_PATH: Annotated[Text, AfterValidator(_fits_a_unix_socket)] = ""
     IMEX_NODE_DISCONNECTED_GRACE_TIME: SecondsOrForever = -1
 
     @model_validator(mode="after")
@@ -166,8 +177,8 @@ class ImexConfig(BaseModel):
         nodes_file: str | Path,
         cmd_bind_ip: str,
         bind_ip: str = "",
-        server_port: int = 50000,
-        cmd_port: int = 50005,
+        server_port: int = names.IMEX_SERVER_PORT,
+        cmd_port: int = names.IMEX_CMD_PORT,
         log_file: str = "",
         wait_for_quorum: WaitForQuorum = WaitForQuorum.RECOVERY,
         grace_time: int = -1,
