@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from nvlfabric.api import names
 from nvlfabric.api.kubelet import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -94,9 +95,11 @@ class SocketPaths:
 
     def check(self) -> None:
         for path in (self.endpoint, self.registration):
-            if len(str(path)) > 107:
-                raise ValueError(f"socket path {path} is {len(str(path))} bytes; unix sockets allow 107. "
-                                 "Use a shorter kubelet root (--kubelet-root) or driver name.")
+            size = len(os.fsencode(path))  # bytes, as sun_path holds them: not characters
+            if size > names.MAX_UNIX_SOCKET_PATH:
+                raise ValueError(f"socket path {path} is {size} bytes; unix sockets allow "
+                                 f"{names.MAX_UNIX_SOCKET_PATH}. Use a shorter kubelet root (--kubelet-root) or "
+                                 "driver name.")
 
 
 def _claims(request: Any) -> list[ClaimRef]:

@@ -86,6 +86,11 @@ def test_sockets_are_owner_only_and_removed_on_stop(server: tuple[PluginServer, 
 def test_a_socket_path_too_long_for_unix_sockets_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"unix sockets allow 107.*--kubelet-root"):
         SocketPaths(kubelet_root=Path("/" + "x" * 100), driver="channel.nvlfabric.io").check()
+    # counted in bytes, as sun_path holds them: 40 two-byte characters are 80 bytes
+    root = Path("/" + "é" * 40)
+    assert len(str(SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io").endpoint)) <= 107
+    with pytest.raises(ValueError, match=r"is 1\d\d bytes; unix sockets allow 107"):
+        SocketPaths(kubelet_root=root, driver="channel.nvlfabric.io").check()
 
 
 def test_device_health_is_advertised_and_streamed_when_the_agent_has_a_source() -> None:
