@@ -244,7 +244,7 @@ ROTATION_EVENTS = {
 
 
 class Controller:
-    def __init__(self, client: Client, *, channels_per_clique: int = 128,
+    def __init__(self, client: Client, *, channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE,
                  imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
                  informers: Informers | None = None,
                  imex_authentication: api.IMEXAuthentication = api.IMEXAuthentication.DISABLED,
