@@ -96,6 +96,13 @@ def imex_keeper_socket(kubelet_root: str) -> str:
     return f"{imex_workdir(kubelet_root)}/{IMEX_KEEPER_SOCKET}"
 
 
+# -- the kubelet's DRA calls ----------------------------------------------------------------------
+
+KUBELET_PREPARE_TIMEOUT_S: Final = 45.0
+"""How long the kubelet waits for a DRA plugin's NodePrepareResources or NodeUnprepareResources call
+before it gives up and retries: the node agent finishes (or gives up, saying why) inside it, and
+the simulated kubelet waits as long."""
+
 # -- CDI and IMEX channel device nodes -------------------------------------------------------------
 # The node agent writes claim specs and channel nodes by these; the kubelet's runtime (and the
 # simulator's stand-ins for the kubelet and the node) read them.

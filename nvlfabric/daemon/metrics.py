@@ -18,10 +18,13 @@ import socketserver
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from nvlfabric.api import names
+
 _LOCK = threading.Lock()
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Buckets span a warm prepare (well under 1 ms) to an IMEX cold start near the kubelet's 45 s budget.
-DEFAULT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 45)
+# Buckets span a warm prepare (well under 1 ms) to an IMEX cold start near the kubelet's budget.
+DEFAULT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20,
+                   names.KUBELET_PREPARE_TIMEOUT_S)
 
 
 def _num(v: float) -> str:

@@ -14,8 +14,9 @@ Claim states (one entry per claim UID, so a claim is in exactly one state or abs
 
 `PrepareAborted` is an Unprepare that arrived while Prepare was still running (the kubelet gave up on
 it). A Prepare retry for the same allocation that arrives later is stale and is rejected for
-`STALE_PREPARE_WINDOW` (90 s = 2 x the kubelet's 45 s budget), after which the entry expires. All
-transitions are pure functions returning a new immutable `Checkpoint`; `now` is always passed in.
+`STALE_PREPARE_WINDOW` (twice the kubelet's budget, names.KUBELET_PREPARE_TIMEOUT_S: 90 s), after which
+the entry expires. All transitions are pure functions returning a new immutable `Checkpoint`; `now` is
+always passed in.
 
 The file these records are kept in, its format and compatibility policy are checkpoint.py's.
 """
@@ -32,7 +33,7 @@ from typing import Annotated
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from nvlfabric.api.names import IMEX_CHANNEL_COUNT
+from nvlfabric.api.names import IMEX_CHANNEL_COUNT, KUBELET_PREPARE_TIMEOUT_S
 
 __all__ = [
     "STALE_PREPARE_WINDOW",
@@ -52,8 +53,8 @@ __all__ = [
     "start_prepare",
 ]
 
-STALE_PREPARE_WINDOW = timedelta(seconds=90)
-"""How long an aborted claim rejects stale Prepare retries: twice the kubelet's 45 s Prepare budget,
+STALE_PREPARE_WINDOW = timedelta(seconds=2 * KUBELET_PREPARE_TIMEOUT_S)
+"""How long an aborted claim rejects stale Prepare retries: twice the kubelet's Prepare budget,
 so a retry the kubelet sent before it gave up has surely arrived (or been dropped) by then."""
 
 

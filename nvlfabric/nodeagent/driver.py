@@ -17,7 +17,8 @@ Prepare, per claim (all calls serialised under one lock; the kubelet may call co
 5. create the channel device nodes and write the CDI spec, record PrepareCompleted;
 6. report this node's entry for the ComputeDomain (StatusReporter).
 Every failure becomes that claim's error string, which the kubelet retries; a step that cannot
-finish inside the kubelet's 45 s budget gives up early with a message saying so.
+finish inside the kubelet's budget (names.KUBELET_PREPARE_TIMEOUT_S) gives up early with a message
+saying so.
 
 At start, before the kubelet can call, the entries an agent before issue 49 recorded for allocation
 mode All (every channel of the node, 0..2047) are narrowed to the claim's own channel, CDI spec first
@@ -49,11 +50,13 @@ from nvlfabric.nodeagent.kubeapi import Client
 from nvlfabric.nodeagent.prepared import Paths, PreparedClaims
 from nvlfabric.nodeagent.status import StatusReporter
 
-__all__ = ["DEDICATED_SYNC_S", "KUBELET_BUDGET_S", "ChannelDriver", "NodeIdentity", "Paths", "PrepareError",
+__all__ = ["DEDICATED_SYNC_S", "ChannelDriver", "NodeIdentity", "Paths", "PrepareError",
            "claim_name"]
 
 log = logging.getLogger("nvlfabric.nodeagent.driver")
-KUBELET_BUDGET_S = 45.0
+ANSWER_MARGIN_S = 5.0
+"""A prepare stops its steps this long before the kubelet's deadline, so that its answer (an error
+naming the step) still arrives in time."""
 
 
 def _now() -> datetime:
@@ -102,7 +105,7 @@ class ChannelDriver:
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
         if not refs:  # the health check's probe: answer at once, not after a prepare in progress
             return {}
-        deadline = time.monotonic() + KUBELET_BUDGET_S - 5
+        deadline = time.monotonic() + names.KUBELET_PREPARE_TIMEOUT_S - ANSWER_MARGIN_S
         out: dict[str, list[PreparedDevice] | str] = {}
         with self._lock:
             for c in refs:

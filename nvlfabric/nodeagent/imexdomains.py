@@ -36,7 +36,7 @@ __all__ = ["CREDENTIALS_WAIT_S", "DEDICATED_SYNC_S", "IMEX_READY_BUDGET_S", "SLO
 log = logging.getLogger("nvlfabric.nodeagent.driver")  # the driver's log: its lines keep their logger name
 DEDICATED_SYNC_S = 2.0  # how often dedicated domains' membership is re-read while any runs here
 SLOT_WAIT_S = 10.0  # how long a prepare waits for the controller to assign a dedicated domain's port slot
-IMEX_READY_BUDGET_S = 30.0  # leaves the rest of the kubelet's 45 s for the other steps
+IMEX_READY_BUDGET_S = 30.0  # leaves the rest of the kubelet's names.KUBELET_PREPARE_TIMEOUT_S for the other steps
 CREDENTIALS_WAIT_S = 10.0  # how long a renewal between prepares waits for the controller to sign
 
 
@@ -195,7 +195,8 @@ class ImexSupervisor:
             domain.run(members)
             budget = min(IMEX_READY_BUDGET_S, deadline - time.monotonic())
             if budget <= 0:
-                raise imex.ImexNotReady("no time left in the kubelet's 45 s budget", domain.query())
+                raise imex.ImexNotReady(f"no time left in the kubelet's {names.KUBELET_PREPARE_TIMEOUT_S:g} s budget",
+                                        domain.query())
             domain.wait_ready(budget)
         except imex.ImexError as exc:
             raise PrepareError(f"{what} on node {self.node.name} is not ready yet ({exc}); "

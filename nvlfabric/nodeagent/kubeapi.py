@@ -38,7 +38,8 @@ TIMEOUT_S = 20.0
 RETRY_DELAYS_S = (0.25, 0.5, 1.0)
 """Waits before the second, third and fourth try of a request the server answered 429 or 5xx: the
 API server throttling the agent (priority and fairness) or something behind it failing briefly. A
-prepare has the kubelet's 45 s; these add at most 1.75 s unless the server asks for more."""
+prepare has the kubelet's names.KUBELET_PREPARE_TIMEOUT_S (45 s); these add at most 1.75 s unless the
+server asks for more."""
 MAX_RETRY_AFTER_S = 5.0
 """The longest `Retry-After` honoured per wait, so a throttled agent still answers the kubelet in time."""
 

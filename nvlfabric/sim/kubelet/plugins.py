@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from nvlfabric.api import names
 from nvlfabric.api.kubelet import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -38,7 +39,7 @@ from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
 from nvlfabric.sim.kubelet.devicehealth import HEALTHY, UNHEALTHY, UNKNOWN, Reported
 
 GET_INFO_TIMEOUT_S = 1.0
-CALL_TIMEOUT_S = 45.0
+CALL_TIMEOUT_S = names.KUBELET_PREPARE_TIMEOUT_S
 # In the kubelet's order of knowledge; the plugin's own order decides which is used.
 KNOWN_SERVICES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
                   "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
