@@ -39,6 +39,8 @@ ComputeDomainResource = create_namespaced_resource(names.GROUP, cdapi.VERSION, c
 
 @dataclass(frozen=True)
 class Claim:
+    """A claim as the kubelet names it to the agent."""
+
     namespace: str
     name: str
     uid: str
