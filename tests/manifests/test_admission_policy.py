@@ -208,7 +208,7 @@ def conditions_of(env: Env, node: str) -> dict[str, str]:
 
 
 def test_agent_reports_the_fabric_condition_of_its_own_node_only(env: Env) -> None:
-    # As nvlfabric/nodeagent/__main__.py does: a strategic merge patch of the one condition (merge key type).
+    # As nvlfabric/nodeagent/fabrichealth.py does: a strategic merge patch of the one condition (merge key type).
     env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "False")]}})
     assert conditions_of(env, env.node_a)[FABRIC] == "False"
     env.agent.patch(Node.Status, env.node_a, {"status": {"conditions": [condition(FABRIC, "True")]}})
