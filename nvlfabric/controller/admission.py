@@ -15,8 +15,8 @@ For each Workload with its quota reserved and this check Pending:
   (`resourceClaimName`; BoundJob's JobSet over a MultiClique domain is one pod set per clique
   group), with the pod set's count, GPUs per pod and node selector; pod sets that name none are
   not nvlfabric's to place;
-- the Reserver places them all at once as it places a gated job (`Reserver.admit`): each group in
-  a clique of its own with room and a free channel, or none. Placed: the check is Ready, each pod
+- placement (placer.py) places them all at once as it places a gated job (`Placer.admit`): each
+  group in a clique of its own with room and a free channel, or none. Placed: the check is Ready, each pod
   set's `podSetUpdates` carry `nodeSelector: {nvlfabric.io/clique: <clique>}`, and the room is held
   for the pods that Kueue's unsuspending will create. No room: Retry, saying why; Kueue then gives
   the quota back and requeues the workload, so a job that cannot be placed never holds quota
@@ -49,7 +49,7 @@ from nvlfabric.api.names import CLIQUE_LABEL, KUEUE_API_VERSION, PLACEMENT_CHECK
 from nvlfabric.controller import placement
 from nvlfabric.controller.cache import AdmissionCheck, KueueInformers, Workload
 from nvlfabric.controller.events import event
-from nvlfabric.controller.reservations import NO_ROOM_EVENT_S, Reserver
+from nvlfabric.controller.placer import NO_ROOM_EVENT_S, Placer
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.admission")
@@ -116,7 +116,7 @@ def groups_of(workload: Mapping[str, Any], is_channel_claim: Callable[[str, str]
 
 def judge(groups: Sequence[tuple[str, placement.Group]],
           placed: Mapping[tuple[str, str], str] | placement.NoRoom | str) -> Verdict:
-    """The check's state from where the Reserver placed the groups (pure)."""
+    """The check's state from where placement put the groups (pure)."""
     if isinstance(placed, placement.NoRoom):
         return Verdict("Retry", f"nvlfabric cannot place the job now: {placed.message()}; Kueue requeues it "
                                 "and its quota is free for others meanwhile")
@@ -161,7 +161,8 @@ def frees_room(old: Any, new: Any) -> bool:
 
 
 class Admitter:
-    """Answers this controller's Kueue admission checks, placing through `reserver`.
+    """Answers this controller's Kueue admission checks, placing through `placer` (the same
+    placement as the reservation passes', never the reservation writer).
 
     Workloads and AdmissionChecks come from informers (a list and a watch each, started once
     Kueue's API is served), so a pass reads memory, not the API server. A pass runs when either
@@ -170,13 +171,13 @@ class Admitter:
     waiting workload cost a placement and a status write per second (Kueue resets Retry to
     Pending as it requeues)."""
 
-    def __init__(self, client: Client, reserver: Reserver) -> None:
-        self.client, self.reserver = client, reserver
+    def __init__(self, client: Client, placer: Placer) -> None:
+        self.client, self.placer = client, placer
         self.kueue = KueueInformers.of(client)
         self._wake = threading.Event()
         for inf in self.kueue.all():
             inf.listen(lambda kind, key, old, new: self._wake.set())
-        for room in (reserver.cache.bound_pods, reserver.cache.claims):
+        for room in (placer.cache.bound_pods, placer.cache.claims):
             room.listen(self._room_changed)
         self._said: dict[tuple[str, str], tuple[str, str]] = {}  # workload → (state, message) last written
         self._told: dict[tuple[str, str], tuple[str, float]] = {}  # workload → (Event message, when) of its last
@@ -232,8 +233,8 @@ class Admitter:
                 due = min(due, next_try - now)
                 continue
             epoch = self._room_epoch  # before placing: room given back meanwhile makes it due again
-            groups, tolerations = groups_of(raw, self.reserver.is_channel_claim)
-            verdict = judge(groups, self.reserver.admit([g for _, g in groups], tolerations) if groups else {})
+            groups, tolerations = groups_of(raw, self.placer.is_channel_claim)
+            verdict = judge(groups, self.placer.admit([g for _, g in groups], tolerations) if groups else {})
             self._write(raw, check, verdict)
             if verdict.state == "Retry":
                 wait = retry_after_s(failures + 1)

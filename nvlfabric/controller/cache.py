@@ -3,14 +3,14 @@ Admitter's informers of Kueue's objects beside them.
 
 Each record is what the readers need of an object, parsed once per change of it: an agent's Node
 (clique, fabric health, its reports per ComputeDomain, what placement reads), a ComputeDomain
-validated, a claim with its allocation, a bound pod as the GPUs it holds on its node. Records
-compare by resourceVersion (or by value, where that is small), so a write that changes nothing a
-reader uses is no news to it.
+validated, a claim with its allocation, a bound pod as the GPUs it holds on its node, an unbound
+pod as a reservation candidate. Records compare by resourceVersion (or by value, where that is
+small), so a write that changes nothing a reader uses is no news to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +23,10 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.controller import placement
 from nvlfabric.controller.informer import Informer
+from nvlfabric.controller.reservationplan import PendingPod, pending_pod
 from nvlfabric.controller.strayclaims import ChannelClaim, channel_claim
 
 ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
-
-
-def allocation_of(claim: ResourceClaim | None) -> tuple[str, int] | None:
-    """(clique, channel) the scheduler gave the domain's claim, or None while unallocated."""
-    return next(iter(channels_of(claim.to_dict() if claim is not None else {})), None)
 
 
 def channels_of(raw: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -119,6 +115,25 @@ def slice_record(obj: Any) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
+class UnboundPod:
+    """A pod no node has yet, as reservation reads it. Compared by resourceVersion: every change of
+    the pod is news to the Reserver (its watch was a plain list-and-watch before it was an
+    informer, and each event started a pass for the pod's claims)."""
+
+    rv: str
+    uid: str = field(compare=False)
+    pending: PendingPod | None = field(compare=False)
+    """What reservation reads of it (reservationplan.pending_pod); None when it must not be
+    reserved ahead (being deleted, finished, or naming no claim)."""
+
+
+def unbound_pod(obj: Any) -> UnboundPod:
+    raw = obj.to_dict()
+    meta = raw.get("metadata") or {}
+    return UnboundPod(meta.get("resourceVersion") or "", meta.get("uid", ""), pending_pod(raw))
+
+
 def pod_usage(obj: Any) -> tuple[str, int, bool]:
     """A bound pod as placement counts it: (its node, the GPUs it holds, finished)."""
     raw = obj.to_dict()
@@ -135,6 +150,9 @@ class Informers:
     claims: Informer[ClaimRecord]
     slices: Informer[Any]
     bound_pods: Informer[tuple[str, int, bool]]
+    unbound_pods: Informer[UnboundPod]
+    """The Reserver's alone (reservations.py): pods waiting for a node, each a candidate to reserve
+    ahead. Named "Pod" in the watch-failure metric, as its own watch was before."""
 
     @classmethod
     def of(cls, client: Client) -> Informers:
@@ -145,10 +163,22 @@ class Informers:
             slices=Informer(client, ResourceSlice, namespaced=False, labels={names.POOL_LABEL: None},
                             slim=slice_record),
             bound_pods=Informer(client, Pod, fields={"spec.nodeName": operators.not_equal("")}, slim=pod_usage,
-                                name="Pod (bound)"))
+                                name="Pod (bound)"),
+            unbound_pods=Informer(client, Pod, fields={"spec.nodeName": ""}, slim=unbound_pod, name="Pod"))
 
     def all(self) -> list[Informer[Any]]:
-        return [self.nodes, self.domains, self.claims, self.slices, self.bound_pods]
+        return [self.nodes, self.domains, self.claims, self.slices, self.bound_pods, self.unbound_pods]
+
+    def start(self, stop: Callable[[], bool]) -> None:
+        """Every informer's list and watch, each in a thread of its own, until `stop()`."""
+        for inf in self.all():
+            inf.start(stop)
+
+    def wait_synced(self, stop: Callable[[], bool]) -> None:
+        """Until each informer has listed once (or `stop()`): a pass before that would read an empty cache."""
+        for inf in self.all():
+            while not inf.synced.wait(1.0) and not stop():
+                pass
 
 
 _KUEUE_GROUP, _KUEUE_VERSION = names.KUEUE_API_VERSION.split("/")

@@ -47,12 +47,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import events, feasibility, imexauth, pools, quota, strayclaims
 from nvlfabric.controller.admission import Admitter
-from nvlfabric.controller.cache import (  # noqa: F401 (ComputeDomainResource, allocation_of: their old home)
-    AgentNode,
-    ComputeDomainResource,
-    Informers,
-    allocation_of,
-)
+from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, Informers
 from nvlfabric.controller.members import Members
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
@@ -476,8 +471,8 @@ class Controller:
             reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels,
                                 imex_modes=self.imex_modes, informers=self.cache)
             threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
-            # Kueue's admission checks of nvlfabric (admission.py) place through the same Reserver.
-            threading.Thread(target=Admitter(self.client, reserver).run, args=(stop,), name="admission",
+            # Kueue's admission checks of nvlfabric (admission.py) place through the Reserver's placement.
+            threading.Thread(target=Admitter(self.client, reserver.placer).run, args=(stop,), name="admission",
                              daemon=True).start()
         for inf in self.cache.all():
             inf.start(stop)

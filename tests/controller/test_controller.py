@@ -419,8 +419,8 @@ def test_pending_pods_of_an_allocated_channel_claim_are_reserved_in_one_write(
         eventually("the placeable pods to be bound", lambda: all(
             client.get(Pod, n, namespace="default").spec.nodeName for n in placeable) or None)
         assert not any(client.get(Pod, n, namespace="default").spec.nodeName for n in stranded)
-        assert reserver.reserved >= len(stranded), "the stranded pods were reserved by someone else"
-        assert reserver.patches < reserver.reserved, "one write per pod: nothing was batched"
+        assert reserver.writer.reserved >= len(stranded), "the stranded pods were reserved by someone else"
+        assert reserver.writer.patches < reserver.writer.reserved, "one write per pod: nothing was batched"
 
         for name in stranded:
             client.delete(Pod, name, namespace="default", grace_period=0)
@@ -517,9 +517,9 @@ def test_gated_pods_wait_for_their_reservation_and_none_fails_scheduling(
         st = client.get(ResourceClaim, claim, namespace="default").status
         assert st and sorted(r.name for r in st.reservedFor or [] if r.resource == "pods") == sorted(members)
         assert [r.name for r in st.reservedFor or [] if r.resource != "pods"] == [f"gate-{run}"]  # its domain's hold
-        assert reserver.ungated == len(members)
-        assert reserver.reserved == len(members) - 1, "the pioneer reserves itself; the controller the rest"
-        assert reserver.patches <= 3, f"{reserver.patches} writes for {len(members) - 1} reservations"
+        assert reserver.writer.ungated == len(members)
+        assert reserver.writer.reserved == len(members) - 1, "the pioneer reserves itself; the controller the rest"
+        assert reserver.writer.patches <= 3, f"{reserver.writer.patches} writes for {len(members) - 1} reservations"
         failed = [e.involvedObject.name for e in client.list(Event, namespace="default",
                                                              fields={"reason": "FailedScheduling"})
                   if e.involvedObject.name in members]
@@ -539,8 +539,8 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
     """The scheduler reads claims from its own informer: a pod let through on the answer to our
     reservation write alone could be scheduled against a copy of the claim without itself, and its
     PreBind would fail ("add reservation to claim"). So the gate lifts once the claim watch, which
-    this test plays by hand against the real API server, has shown the write; and after
-    WATCH_SEEN_S without it, anyway."""
+    this test plays by hand against the real API server (the informers' `put`: what their watch
+    would tell), has shown the write; and after WATCH_SEEN_S without it, at the next resync."""
     client, (_, names) = cluster.client, clique_nodes
     Controller(client, channels_per_clique=4).reconcile_pools()
     run = names[0].split("-")[1]
@@ -549,7 +549,7 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
     reserver = Reserver(client, pools.DRIVER)
 
     def watch_shows_claim() -> None:
-        reserver.claim_event("MODIFIED", client.get(ResourceClaim, claim, namespace="default"))
+        reserver.cache.claims.put(client.get(ResourceClaim, claim, namespace="default"))
 
     def gates(name: str) -> list[str]:
         return [g.name for g in client.get(Pod, name, namespace="default").spec.schedulingGates or []]
@@ -559,7 +559,7 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
         eventually("the first pod to allocate the claim", lambda: (
             (st := client.get(ResourceClaim, claim, namespace="default").status) and st.reservedFor) or None)
         for name in gated:
-            reserver.pod_event("ADDED", client.create(channel_pod(name, claim, run, gated=True)))
+            reserver.cache.unbound_pods.put(client.create(channel_pod(name, claim, run, gated=True)))
         watch_shows_claim()
         reserver.pass_once()
         st = client.get(ResourceClaim, claim, namespace="default").status
@@ -574,12 +574,12 @@ def test_a_gate_lifts_only_once_the_claim_watch_shows_the_reservation(
         # A watch that never shows the write (lost, re-listing) delays the gate by WATCH_SEEN_S only.
         late = f"seen-{run}-late"
         pod = client.create(channel_pod(late, claim, run, gated=True))
-        reserver.pod_event("ADDED", pod)
+        reserver.cache.unbound_pods.put(pod)
         reserver.pass_once()
         assert gates(late) == [RESERVATION_GATE]
         assert pod.metadata and pod.metadata.uid
         reserver.watch_seen_s = 0.0  # as if WATCH_SEEN_S had passed since the write
-        reserver.pod_event("MODIFIED", pod)
+        reserver.resync()
         reserver.pass_once()
         assert gates(late) == [], "an unseen reservation held the gate past WATCH_SEEN_S"
     finally:
