@@ -18,21 +18,25 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_name, channel_claim_names
-from nvlfabric.api.names import DNS_LABEL, DNS_LABEL_MAX, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
+from nvlfabric.api.names import DNS_LABEL_MAX, GPUS_PER_CLIQUE, MAX_PODS_PER_CLAIM
 from nvlfabric.api.nvidia import BACKEND_CONFIG, NVIDIA_LIMITS, Backend, NvidiaDomainSpec
 from nvlfabric.components import program, served
 from nvlfabric.components.args import ComponentArgsError, labels, validate
 from nvlfabric.provider.await_ import AwaitFor
 from nvlfabric.provider.computedomain import ComputeDomain as ComputeDomainResource
+from nvlfabric.provider.domaininputs import DEFAULT_TIMEOUT_S, DomainName, Namespace, TimeoutS
 
 
 class _DomainArgs(BaseModel):
+    """The arguments both backends' domains take. Their limits and defaults are the provider's own
+    (provider/domaininputs.py: the resource this component wraps judges the same inputs again)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=DNS_LABEL, max_length=57,
-                      description="a DNS label of at most 57 characters (the claim is <name>-channel)")
-    namespace: str = Field("default", pattern=DNS_LABEL, max_length=DNS_LABEL_MAX,
-                           description="the namespace of the domain, its claim and its workloads (a DNS label)")
+    name: DomainName = Field(description=f"a DNS label of at most {DNS_LABEL_MAX} characters (the claim is "
+                                         "<name>-channel)")
+    namespace: Namespace = Field("default",
+                                 description="the namespace of the domain, its claim and its workloads (a DNS label)")
     backend: Backend = Field(Backend.NVLFABRIC,
                              description="'nvlfabric' (nvlfabric's driver) or 'nvidia' (NVIDIA's DRA driver, already "
                                          "in the cluster); default: the config nvlfabric:backend, else nvlfabric")
@@ -40,8 +44,8 @@ class _DomainArgs(BaseModel):
     await_for: AwaitFor | None = Field(AwaitFor.ACCEPTED,
                                        description="None, 'Accepted' or 'Ready' (Ready needs pods placed in it, so not "
                                                    "with workloads bound to it by BoundJob)")
-    timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False,
-                             description="seconds a create, update or delete may take (a finite number > 0)")
+    timeout_s: TimeoutS = Field(DEFAULT_TIMEOUT_S, allow_inf_nan=False,
+                                description="seconds a create, update or delete may take (a finite number > 0)")
     force_delete: bool = Field(False, description="delete even while pods use the channel")
 
 
@@ -79,7 +83,7 @@ class ComputeDomain(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, name: str | None = None, namespace: str = "default",
                  spec: ComputeDomainSpec | NvidiaDomainSpec | dict[str, Any] | None = None,
                  labels: dict[str, str] | None = None, await_for: AwaitFor | str | None = AwaitFor.ACCEPTED,
-                 timeout_s: float = 600.0, force_delete: bool = False, backend: Backend | str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, force_delete: bool = False, backend: Backend | str | None = None,
                  opts: pulumi.ResourceOptions | None = None, **unknown: Any) -> None:
         backend = backend if backend is not None else backend_default()
         if isinstance(spec, BaseModel):

@@ -6,7 +6,7 @@ CD one IMEX channel and keeps all its pods in one clique.
 
 The contract, method by method:
 
-- `check` validates the inputs with the pydantic models (`ComputeDomainArgs`, whose `spec` is
+- `check` validates the inputs with the pydantic models (`NvlfabricArgs`, whose `spec` is
   the API's own `ComputeDomainSpec`). Each failure names the property path (`spec.imexMode`,
   `labels["a/b"]`) and the fix. Values still unknown during a preview (Pulumi's sentinel string)
   are not judged, and neither is anything that depends on them. Valid inputs are returned
@@ -87,7 +87,7 @@ from nvlfabric.provider.nvlfabricdomain import (
     CD,
     CHANNEL_REQUEST,
     INPUT_KEYS,
-    ComputeDomainArgs,
+    NvlfabricArgs,
     channel_claim,
     channel_config,
     check_inputs,
@@ -100,7 +100,7 @@ from nvlfabric.provider.nvlfabricdomain import (
 # The backends' names that callers import from here (tests, the components, the benchmarks).
 __all__ = [
     "BACKENDS", "CD", "CHANNEL_REQUEST", "DEFAULT_TIMEOUT_S", "DEPARTING_SETTLE_S", "INPUT_KEYS", "MAX_NAMED_PODS",
-    "OUTPUT_KEYS", "SETTINGS", "ComputeDomain", "ComputeDomainArgs", "ComputeDomainOutputs", "ComputeDomainProvider",
+    "OUTPUT_KEYS", "SETTINGS", "ComputeDomain", "ComputeDomainOutputs", "ComputeDomainProvider", "NvlfabricArgs",
     "ResourceInputs", "backend_for", "backend_of", "channel_claim", "channel_config", "check_inputs", "claim_drift",
     "claim_users", "compute_diff", "in_use_message", "is_unknown", "outputs", "owned_by", "resource_inputs",
     "whole_numbers",

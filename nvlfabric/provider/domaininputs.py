@@ -2,8 +2,9 @@
 
 Each backend has its own pydantic model of the inputs (its `spec` differs); what is common is here:
 
-- the keys and defaults both share (`OUTPUT_KEYS`, `SETTINGS`, `DEFAULT_TIMEOUT_S`), and which
-  backend inputs or a state name (`backend_of`);
+- the keys, limits and defaults both share (`OUTPUT_KEYS`, `SETTINGS`, `DEFAULT_TIMEOUT_S`, the field
+  types `DomainName`, `Namespace` and `TimeoutS`), which the ComputeDomain component's arguments take
+  too, and which backend inputs or a state name (`backend_of`);
 - Pulumi's "unknown during preview" values (`is_unknown`, `contains_unknown`), which are never judged;
 - `check`: validate with the backend's model, name each failure's property path (`spec.imexMode`,
   `labels["a/b"]`) and its fix, pass through what is unknown (or depends on it) unjudged, and
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Annotated, Any, Final, Protocol, TypeVar
 
 from pulumi.dynamic import CheckFailure, CheckResult
 from pulumi.runtime.rpc import UNKNOWN
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from nvlfabric.api import computedomain as api
@@ -32,6 +33,12 @@ from nvlfabric.provider.await_ import AwaitFor
 
 #: Ten minutes, as pulumi-kubernetes: long enough for a Dedicated IMEX domain's cold start.
 DEFAULT_TIMEOUT_S: Final = 600.0
+DomainName = Annotated[str, Field(pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)]
+"""A ComputeDomain's name: a DNS label, as its CRD's `metadata.name` (api.computedomain.ObjectMeta)."""
+Namespace = Annotated[str, Field(pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)]
+"""The namespace of a ComputeDomain, its claims and its pods (a DNS label)."""
+TimeoutS = Annotated[float, Field(gt=0)]
+"""Seconds a create, update or delete may take (`timeout_s`, default DEFAULT_TIMEOUT_S)."""
 OUTPUT_KEYS: Final = ("uid", "claim_name", "phase", "clique", "channel", "nodes", "ready_nodes", "total_nodes",
                       "claim_drift")
 #: The provider's own settings (not in the cluster: they come from the state) and their defaults.

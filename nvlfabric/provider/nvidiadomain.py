@@ -49,7 +49,6 @@ from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Up
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nvlfabric.api import errors as api_errors
-from nvlfabric.api import names
 from nvlfabric.api import nvidia as nv
 from nvlfabric.api.nvidia import Backend, NvidiaDomainSpec
 from nvlfabric.kube import errors as kube_errors
@@ -57,7 +56,16 @@ from nvlfabric.provider import await_, domainclient, domaininputs, errors
 from nvlfabric.provider.await_ import AwaitFor, Snapshot
 from nvlfabric.provider.backend import Context
 from nvlfabric.provider.domainclient import Created, get, meta, read_crd, roll_back, send
-from nvlfabric.provider.domaininputs import DEFAULT_TIMEOUT_S, SETTINGS, contains_unknown, is_unknown, split_id
+from nvlfabric.provider.domaininputs import (
+    DEFAULT_TIMEOUT_S,
+    SETTINGS,
+    DomainName,
+    Namespace,
+    TimeoutS,
+    contains_unknown,
+    is_unknown,
+    split_id,
+)
 from nvlfabric.provider.domainusers import wait_out_departing_users
 
 NVIDIA_CD: Final = create_namespaced_resource(nv.GROUP, nv.VERSION, nv.KIND, nv.PLURAL)
@@ -76,13 +84,13 @@ class NvidiaArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)
-    namespace: str = Field("default", pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX)
+    name: DomainName
+    namespace: Namespace = "default"
     backend: Literal[Backend.NVIDIA]
     spec: NvidiaDomainSpec = Field(default_factory=NvidiaDomainSpec)
     labels: dict[str, str] = Field(default_factory=dict)
     await_for: AwaitFor = AwaitFor.ACCEPTED
-    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0)
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S
     adopt: bool = False
     force_delete: bool = False
 

@@ -5,7 +5,7 @@ and its shared channel claims.
 contract, method by method) hands here every call whose inputs (or state) say `backend:
 nvlfabric` (or name no backend). This module holds:
 
-- the inputs (`ComputeDomainArgs`, whose `spec` is the API's own `ComputeDomainSpec`), their
+- the inputs (`NvlfabricArgs`, whose `spec` is the API's own `ComputeDomainSpec`), their
   check and their field-level diff (`immutable_changes` are replaces);
 - the objects: the channel claim (`channel_claim`, its opaque `channel_config`) and the
   resource's outputs from the live domain (`outputs`, `claim_drift`);
@@ -37,7 +37,16 @@ from nvlfabric.provider import await_, domainclient, domaininputs, errors, host
 from nvlfabric.provider.await_ import AwaitFor, Deadline, Snapshot
 from nvlfabric.provider.backend import Context
 from nvlfabric.provider.domainclient import Created, get, meta, read_crd, roll_back, send
-from nvlfabric.provider.domaininputs import DEFAULT_TIMEOUT_S, SETTINGS, is_unknown, split_id, user_props
+from nvlfabric.provider.domaininputs import (
+    DEFAULT_TIMEOUT_S,
+    SETTINGS,
+    DomainName,
+    Namespace,
+    TimeoutS,
+    is_unknown,
+    split_id,
+    user_props,
+)
 from nvlfabric.provider.domainusers import MAX_NAMED_PODS, claim_users, pods_in, wait_out_departing_users
 
 CD: Final = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
@@ -45,20 +54,19 @@ CD: Final = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.P
 CHANNEL_REQUEST: Final = "channel"
 
 
-class ComputeDomainArgs(BaseModel):
-    """The inputs of a ComputeDomain resource."""
+class NvlfabricArgs(BaseModel):
+    """The inputs of a ComputeDomain resource on the nvlfabric backend."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX,
-                      description="The ComputeDomain's name: a DNS label (its claim and labels derive from it).")
-    namespace: str = Field("default", pattern=names.DNS_LABEL, max_length=names.DNS_LABEL_MAX,
-                           description="The namespace of the ComputeDomain, its claim and its pods.")
+    name: DomainName = Field(description="The ComputeDomain's name: a DNS label (its claim and labels derive from "
+                                         "it).")
+    namespace: Namespace = Field("default", description="The namespace of the ComputeDomain, its claim and its pods.")
     backend: Literal[Backend.NVLFABRIC] = Field(Backend.NVLFABRIC, description="nvlfabric's own ComputeDomain.")
     spec: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec, description="The desired ComputeDomain.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels of the ComputeDomain.")
     await_for: AwaitFor = Field(AwaitFor.ACCEPTED, description="What create and update wait for.")
-    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds a create, update or delete may take.")
+    timeout_s: TimeoutS = Field(DEFAULT_TIMEOUT_S, description="Seconds a create, update or delete may take.")
     adopt: bool = Field(False, description="Take over an existing ComputeDomain of this name.")
     force_delete: bool = Field(False, description="Delete even while pods use the channel claim.")
 
@@ -72,9 +80,9 @@ class ComputeDomainArgs(BaseModel):
         }
 
 
-INPUT_KEYS: Final = tuple(ComputeDomainArgs.model_fields)
+INPUT_KEYS: Final = tuple(NvlfabricArgs.model_fields)
 ALLOWED: Final[domaininputs.Allowed] = {
-    "": list(ComputeDomainArgs.model_fields),
+    "": list(NvlfabricArgs.model_fields),
     "spec": [f.alias or n for n, f in ComputeDomainSpec.model_fields.items()],
     "spec.placement": list(api.Placement.model_fields),
     "spec.channelClaim": list(api.ChannelClaim.model_fields),
@@ -86,8 +94,8 @@ def dump_spec(spec: ComputeDomainSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def _parse(props: Mapping[str, Any]) -> ComputeDomainArgs:
-    return domaininputs.parse(props, ComputeDomainArgs.model_validate, ALLOWED)
+def _parse(props: Mapping[str, Any]) -> NvlfabricArgs:
+    return domaininputs.parse(props, NvlfabricArgs.model_validate, ALLOWED)
 
 
 # -- check and diff ----------------------------------------------------------------------------------
@@ -95,7 +103,7 @@ def _parse(props: Mapping[str, Any]) -> ComputeDomainArgs:
 
 def check_inputs(news: Mapping[str, Any]) -> CheckResult:
     """Validate and normalise nvlfabric inputs (see `domaininputs.check`)."""
-    return domaininputs.check(news, ComputeDomainArgs.model_validate, ALLOWED)
+    return domaininputs.check(news, NvlfabricArgs.model_validate, ALLOWED)
 
 
 def _normal_spec(raw: Any) -> dict[str, Any]:
@@ -339,7 +347,7 @@ def delete(ctx: Context, id_: str, props: dict[str, Any]) -> None:
 # -- steps -------------------------------------------------------------------------------------------
 
 
-def _create_cd(ctx: Context, client: Client, args: ComputeDomainArgs, spec: Mapping[str, Any],
+def _create_cd(ctx: Context, client: Client, args: NvlfabricArgs, spec: Mapping[str, Any],
                created: Created, deadline: Deadline) -> dict[str, Any]:
     ns, name = args.namespace, args.name
     ref = f"ComputeDomain {ns}/{name}"
