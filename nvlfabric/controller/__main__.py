@@ -12,47 +12,13 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
 
 from nvlfabric.api import names
 from nvlfabric.api.computedomain import IMEXAuthentication, IMEXMode
-from nvlfabric.api.release import __version__
+from nvlfabric.controller.settings import Settings
 from nvlfabric.daemon import process
 
-log = logging.getLogger("nvlfabric.controller")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the controller runs with, checked once in `main`."""
-
-    kubeconfig: str
-    """A kubeconfig file; empty: the pod's service account (`service_account_dir`)."""
-    service_account_dir: str
-    channels_per_clique: int
-    """Size of each clique's channel pool, 1..names.MAX_CHANNELS_PER_CLIQUE."""
-    imex_modes: frozenset[IMEXMode]
-    """The agents' modes (NvlfabricDriver imex_modes): a domain of another one is Failed."""
-    imex_authentication: IMEXAuthentication
-    """The default of dedicated domains whose spec has no imexAuthentication (NvlfabricDriver)."""
-    imex_cert_validity_s: float
-    """How long the IMEX node certificates it signs last (agents renew them after two thirds)."""
-    channel_quota_per_namespace: int
-    """IMEX channels one namespace's claims may hold (controller/quota.py); 0: no quota."""
-    log_format: process.LogFormat
-    identity: str
-    """This replica's name in the Lease: the pod's name ($POD_NAME), else hostname-pid."""
-    lease_name: str
-    lease_namespace: str
-    lease_duration_s: float
-    renew_interval_s: float
-    renew_deadline_s: float
-    retry_interval_s: float
-    """Leader election (nvlfabric/controller/leader.py); renew < deadline < duration."""
-    health_port: int
-    """/healthz, /readyz and /metrics (nvlfabric/controller/endpoint.py); 0: not served."""
-    listen_address: str
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -157,28 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     process.setup_logging(cfg.log_format)
     stop = process.stop_on_signals()
     # Imported after the settings are checked: lightkube and the models take a while to load.
-    from nvlfabric.controller import endpoint, leader
-    from nvlfabric.controller.reconcile import Controller
-    from nvlfabric.kube import client as kube_client
+    from nvlfabric.controller import wiring
 
-    client = kube_client.from_kubeconfig_or_service_account(
-        cfg.kubeconfig, cfg.service_account_dir, field_manager=names.CONTROLLER_FIELD_MANAGER)
-    elector = leader.Elector(client, name=cfg.lease_name, namespace=cfg.lease_namespace, identity=cfg.identity,
-                             timings=leader.Timings(cfg.lease_duration_s, cfg.renew_interval_s, cfg.renew_deadline_s,
-                                                    cfg.retry_interval_s))
-    state = endpoint.Health(stale_s=2 * cfg.lease_duration_s, leading=lambda: elector.leading,
-                          last_read=lambda: elector.last_read)
-    try:
-        endpoint.serve(cfg.health_port, cfg.listen_address, state)
-    except OSError as exc:  # no probes answer then: the kubelet's liveness probe restarts us
-        log.error("cannot serve /healthz, /readyz and /metrics on %s:%d: %s", cfg.listen_address or "*",
-                  cfg.health_port, exc)
-    log.info("nvlfabric %s: controller %s, standby until it holds Lease %s/%s", __version__, cfg.identity,
-             cfg.lease_namespace, cfg.lease_name)
-    controller = Controller(client, channels_per_clique=cfg.channels_per_clique, imex_modes=cfg.imex_modes,
-                            imex_authentication=cfg.imex_authentication, imex_cert_validity_s=cfg.imex_cert_validity_s,
-                            channel_quota_per_namespace=cfg.channel_quota_per_namespace)
-    if elector.lead(lambda should_stop: controller.run(stop=should_stop), stop, on_tick=state.tick):
+    if wiring.run(cfg, stop):
         return 0
     # Leadership lost: exit at once, without waiting for a pass or a reservation under way (os._exit:
     # no thread is joined), and the kubelet restarts this replica as a standby, so its work never

@@ -19,9 +19,11 @@ as the node agent). Each pass it
   default) and, for TLS, its authority's certificate in `status.imexCABundle`, and signs its
   members' IMEX certificates (nvlfabric/controller/imexauth.py).
 
-Beside the passes, a `reservations.Reserver` watches unbound pods and channel claims and
-reserves each allocated channel claim for its pending pods in one write, so the scheduler does
-not race itself on the shared claim (nvlfabric/controller/reservations.py).
+It also keeps the tenancy rules: channel claims that are no live domain's own are deleted
+(strayclaims.py), and each namespace with a domain keeps its channel quota (quota.py).
+
+Reservations, placement and Kueue admission run beside the passes, on the same informers
+(wiring.py starts them all); this module imports none of them.
 
 Reconciliation is level-based (a full pass every few seconds), so a missed event never leaves a
 domain stale; a watch on ComputeDomains also starts a domain pass soon after any change, so a
@@ -46,10 +48,8 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import events, feasibility, imexauth, pools, quota, strayclaims
-from nvlfabric.controller.admission import Admitter
 from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, Informers
 from nvlfabric.controller.members import Members
-from nvlfabric.controller.reservations import Reserver
 from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.controller")
@@ -461,24 +461,14 @@ class Controller:
         self.cache.nodes.listen(node_change)
 
     def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
-            reserve_ahead: bool = True, debounce_s: float = 0.1) -> None:
+            debounce_s: float = 0.1) -> None:
         """Pools and domains every interval and, between, soon after anything they read changed:
-        each pass reads the informers (informer.py), summarises only the domains whose inputs
+        each pass reads the informers (informer.py; their owner starts them, wiring.py, and the
+        first pass waits until each has listed), summarises only the domains whose inputs
         changed, and writes only what differs."""
         poke = threading.Event()
         self._poke_on_changes(poke)
-        if reserve_ahead:
-            reserver = Reserver(self.client, names.DRIVER, channels_per_clique=self.channels,
-                                imex_modes=self.imex_modes, informers=self.cache)
-            threading.Thread(target=reserver.run, args=(stop,), name="reserver", daemon=True).start()
-            # Kueue's admission checks of nvlfabric (admission.py) place through the Reserver's placement.
-            threading.Thread(target=Admitter(self.client, reserver.placer).run, args=(stop,), name="admission",
-                             daemon=True).start()
-        for inf in self.cache.all():
-            inf.start(stop)
-        for inf in self.cache.all():
-            while not inf.synced.wait(1.0) and not stop():
-                pass
+        self.cache.wait_synced(stop)
         while not stop():
             try:
                 with api_call("controller pass"):

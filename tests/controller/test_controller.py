@@ -31,7 +31,8 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.controller import pools, reservationplan
-from nvlfabric.controller.reconcile import ComputeDomainResource, Controller, SlotRequest, assign_port_slots, summarize
+from nvlfabric.controller.cache import ComputeDomainResource
+from nvlfabric.controller.reconcile import Controller, SlotRequest, assign_port_slots, summarize
 from nvlfabric.controller.reservationplan import (
     ClaimState,
     PendingPod,
@@ -167,8 +168,8 @@ def test_a_running_controller_summarizes_a_domain_as_soon_as_its_members_report(
     run = names[0].split("-")[1]
     claim = provider_domain(client, f"live-{run}")
     stop = threading.Event()
-    loop = threading.Thread(target=ctl.run, kwargs={"interval_s": 300.0, "stop": stop.is_set, "reserve_ahead": False},
-                            daemon=True)
+    ctl.cache.start(stop.is_set)
+    loop = threading.Thread(target=ctl.run, kwargs={"interval_s": 300.0, "stop": stop.is_set}, daemon=True)
     loop.start()
     pod = f"live-{run}-0"
     try:

@@ -44,7 +44,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.components.workload import BoundJobArgs, job_manifest
 from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
 from nvlfabric.sim.paths import REPO

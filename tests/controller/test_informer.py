@@ -15,8 +15,9 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace
 
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.controller.informer import Informer
-from nvlfabric.controller.reconcile import ComputeDomainResource, Controller
+from nvlfabric.controller.reconcile import Controller
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
 from tests.support.domains import provider_domain, remove_domain
@@ -86,7 +87,8 @@ def test_a_running_controller_reads_its_informers_not_the_api_server(
     claims = [provider_domain(cluster.client, n, {"placement": {"clique": clique}}) for n in names]
     stop = threading.Event()
     ctl = Controller(client, channels_per_clique=4)
-    threading.Thread(target=ctl.run, kwargs={"stop": stop.is_set, "reserve_ahead": False}, daemon=True).start()
+    ctl.cache.start(stop.is_set)
+    threading.Thread(target=ctl.run, kwargs={"stop": stop.is_set}, daemon=True).start()
     try:
         for n in names:
             eventually(f"domain {n} summarised", lambda n=n: (

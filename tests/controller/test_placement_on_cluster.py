@@ -21,7 +21,8 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import CLIQUE_LABEL, GROUP_SIZE_ANNOTATION, RESERVATION_GATE
 from nvlfabric.controller import feasibility, pools
-from nvlfabric.controller.reconcile import ComputeDomainResource, Controller
+from nvlfabric.controller.cache import ComputeDomainResource
+from nvlfabric.controller.reconcile import Controller
 from nvlfabric.controller.reservations import Reserver
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
