@@ -48,7 +48,8 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import events, feasibility, imexauth, pools, quota, strayclaims
-from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, Informers
+from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers
+from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.members import Members
 from nvlfabric.kube.errors import api_call
 
@@ -238,6 +239,66 @@ ROTATION_EVENTS = {
 """How long the DeviceClass read for the pools' owner is trusted while the informers watch."""
 
 
+def write_status(client: Client, domains: Informer[DomainRecord], obj: Any, cd: api.ComputeDomain,
+                 allocs: list[tuple[str, tuple[str, int] | None]], port_slot: int | None,
+                 unhealthy: Mapping[str, str] | None = None, entries: Sequence[api.NodeStatus] = (),
+                 blocked: tuple[api.Phase, str, str] | None = None, auth: Mapping[str, str] | None = None) -> None:
+    """Write one domain's summary status (server-side apply under the controller's field manager),
+    unless it says what the status says already; `domains` learns what was written at once."""
+    name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
+    status = cd.status or api.ComputeDomainStatus()
+    current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    # The members are the agents' reports on their Nodes: this writes them, the one writer of
+    # the domain's status (docs/architecture.md, "Who writes a domain's status").
+    status = status.model_copy(update={"nodes": list(entries)})
+    generation = int((obj.metadata.generation if obj.metadata else None) or 0)
+    multi = cd.spec.placement.cliques is not None
+    summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
+                        groups=allocs if multi else None, blocked=blocked)
+    summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
+    summary.update(auth or {})
+    # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
+    if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
+            (current.get("nodes") or []) == summary["nodes"] and \
+            (current.get("unhealthyNodes") or []) == summary.get("unhealthyNodes", []) and \
+            [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
+            [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
+        return
+    stale = {n.get("name") for n in current.get("nodes") or []} - {n["name"] for n in summary["nodes"]}
+    if stale:
+        # Entries another field manager owns (agents before session 6 applied their own) are
+        # not removed by our apply, which would then differ from the summary every pass: a
+        # merge patch replaces the list whole, whoever owned its items.
+        client.patch(ComputeDomainResource.Status, name, {"status": {"nodes": summary["nodes"]}},
+                     namespace=namespace, patch_type=PatchType.MERGE)
+        log.info("ComputeDomain %s/%s: dropped status entries of nodes that report no membership: %s",
+                 namespace, name, ", ".join(sorted(str(s) for s in stale)))
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": namespace},
+            "status": summary}
+    written = client.patch(ComputeDomainResource.Status, name, body, namespace=namespace, patch_type=PatchType.APPLY,
+                           field_manager=names.CONTROLLER_FIELD_MANAGER, force=True)
+    domains.put(written)  # the next pass reads what was written, not the watch's lag
+    log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
+
+
+def poke_on_changes(cache: Informers, poke: threading.Event) -> None:
+    """Poke the loop when what a summary reads changes, so a domain's summary follows within a
+    debounce, not a full interval: any domain or claim change, and of the agents' Nodes only
+    their reports, clique and fabric health (a kubelet's status updates are not news)."""
+    def any_change(kind: str, key: Any, old: Any, new: Any) -> None:
+        poke.set()
+
+    def node_change(kind: str, key: Any, old: AgentNode | None, new: AgentNode | None) -> None:
+        if old is None or new is None or (old.clique, old.unhealthy, old.reports) != \
+                (new.clique, new.unhealthy, new.reports):
+            poke.set()
+
+    cache.domains.listen(any_change)
+    cache.claims.listen(any_change)
+    cache.slices.listen(any_change)
+    cache.nodes.listen(node_change)
+
+
 class Controller:
     def __init__(self, client: Client, *, channels_per_clique: int = names.DEFAULT_CHANNELS_PER_CLIQUE,
                  imex_modes: frozenset[api.IMEXMode] = frozenset(api.IMEXMode),
@@ -352,7 +413,8 @@ class Controller:
                 continue  # nothing it is summarised from changed since its last pass
             try:
                 with api_call(f"update the status of ComputeDomain {key}"):
-                    self._reconcile_domain(obj, cd, allocs, slots.get(key), unhealthy, members, blocked, auth)
+                    write_status(self.client, self.cache.domains, obj, cd, allocs, slots.get(key), unhealthy, members,
+                                 blocked, auth)
                 self._domain_seen[key] = inputs
             except (errors.NvlfabricError, ValueError) as exc:
                 self._domain_seen.pop(key, None)
@@ -402,64 +464,6 @@ class Controller:
         tls[uid] = imexauth.TlsDomain(namespace, name, uid, frozenset(e.name for e in members))
         return {"imexAuthentication": mode.value, "imexCABundle": auth.bundle}
 
-    def _reconcile_domain(self, obj: Any, cd: api.ComputeDomain, allocs: list[tuple[str, tuple[str, int] | None]],
-                          port_slot: int | None, unhealthy: Mapping[str, str] | None = None,
-                          entries: Sequence[api.NodeStatus] = (),
-                          blocked: tuple[api.Phase, str, str] | None = None,
-                          auth: Mapping[str, str] | None = None) -> None:
-        name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
-        status = cd.status or api.ComputeDomainStatus()
-        current = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        # The members are the agents' reports on their Nodes: this writes them, the one writer of
-        # the domain's status (docs/architecture.md, "Who writes a domain's status").
-        status = status.model_copy(update={"nodes": list(entries)})
-        generation = int((obj.metadata.generation if obj.metadata else None) or 0)
-        multi = cd.spec.placement.cliques is not None
-        summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
-                            groups=allocs if multi else None, blocked=blocked)
-        summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
-        summary.update(auth or {})
-        # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
-        if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
-                (current.get("nodes") or []) == summary["nodes"] and \
-                (current.get("unhealthyNodes") or []) == summary.get("unhealthyNodes", []) and \
-                [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
-                [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
-            return
-        stale = {n.get("name") for n in current.get("nodes") or []} - {n["name"] for n in summary["nodes"]}
-        if stale:
-            # Entries another field manager owns (agents before session 6 applied their own) are
-            # not removed by our apply, which would then differ from the summary every pass: a
-            # merge patch replaces the list whole, whoever owned its items.
-            self.client.patch(ComputeDomainResource.Status, name, {"status": {"nodes": summary["nodes"]}},
-                              namespace=namespace, patch_type=PatchType.MERGE)
-            log.info("ComputeDomain %s/%s: dropped status entries of nodes that report no membership: %s",
-                     namespace, name, ", ".join(sorted(str(s) for s in stale)))
-        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": namespace},
-                "status": summary}
-        written = self.client.patch(ComputeDomainResource.Status, name, body, namespace=namespace,
-                                    patch_type=PatchType.APPLY, field_manager=names.CONTROLLER_FIELD_MANAGER,
-                                    force=True)
-        self.cache.domains.put(written)  # the next pass reads what was written, not the watch's lag
-        log.info("ComputeDomain %s/%s: %s", namespace, name, summary["phase"])
-
-    def _poke_on_changes(self, poke: threading.Event) -> None:
-        """Poke the loop when what a summary reads changes, so a domain's summary follows within a
-        debounce, not a full interval: any domain or claim change, and of the agents' Nodes only
-        their reports, clique and fabric health (a kubelet's status updates are not news)."""
-        def any_change(kind: str, key: Any, old: Any, new: Any) -> None:
-            poke.set()
-
-        def node_change(kind: str, key: Any, old: AgentNode | None, new: AgentNode | None) -> None:
-            if old is None or new is None or (old.clique, old.unhealthy, old.reports) != \
-                    (new.clique, new.unhealthy, new.reports):
-                poke.set()
-
-        self.cache.domains.listen(any_change)
-        self.cache.claims.listen(any_change)
-        self.cache.slices.listen(any_change)
-        self.cache.nodes.listen(node_change)
-
     def run(self, *, interval_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
             debounce_s: float = 0.1) -> None:
         """Pools and domains every interval and, between, soon after anything they read changed:
@@ -467,7 +471,7 @@ class Controller:
         first pass waits until each has listed), summarises only the domains whose inputs
         changed, and writes only what differs."""
         poke = threading.Event()
-        self._poke_on_changes(poke)
+        poke_on_changes(self.cache, poke)
         self.cache.wait_synced(stop)
         while not stop():
             try:
