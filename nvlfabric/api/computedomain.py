@@ -56,7 +56,6 @@ from nvlfabric.api.names import (
     MAX_CHANNEL,
     MAX_CLIQUES_PER_DOMAIN,
     MAX_IMEX_PORT_SLOT,
-    NODE_REPORT_PREFIX,
     NODES_PER_CLIQUE,
 )
 
@@ -588,47 +587,10 @@ def node_status_apply(cd_name: str, namespace: str, node: NodeStatus) -> dict[st
     }
 
 
-class NodeReport(BaseModel):
-    """A node agent's report for one ComputeDomain, kept on its own Node as the annotation
-    `node_report_key(namespace, name)` (JSON)."""
-
-    model_config = ConfigDict(extra="ignore")
-    namespace: str
-    name: str
-    entry: NodeStatus
-
-
 def imex_bundle_digest(bundle_pem: str) -> str:
     """How a node reports the authority bundle its daemon trusts (NodeStatus.imex_trusts), and how
     the controller recognises it: the first 16 hex digits of the SHA-256 of status.imexCABundle."""
     return hashlib.sha256(bundle_pem.encode()).hexdigest()[:16]
-
-
-def node_report_key(namespace: str, name: str) -> str:
-    """The Node annotation holding an agent's report for ComputeDomain `namespace/name`: a hash,
-    since an annotation's name part holds 63 characters and the two names together up to 120."""
-    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:20]
-    return f"{NODE_REPORT_PREFIX}{digest}"
-
-
-def node_report(namespace: str, name: str, node: NodeStatus) -> dict[str, str]:
-    """The annotation (key → JSON) with which a node agent reports its entry of a ComputeDomain."""
-    return {node_report_key(namespace, name):
-            NodeReport(namespace=namespace, name=name, entry=node).model_dump_json(by_alias=True, exclude_none=True)}
-
-
-def node_reports(annotations: dict[str, str] | None) -> list[NodeReport]:
-    """The reports a Node carries (pure); an annotation that does not parse is no report."""
-    out = []
-    for key, value in (annotations or {}).items():
-        if key.startswith(NODE_REPORT_PREFIX):
-            try:
-                report = NodeReport.model_validate_json(value)
-            except ValueError:
-                continue
-            if node_report_key(report.namespace, report.name) == key:
-                out.append(report)
-    return out
 
 
 def condition(type_: str, status: ConditionStatus, reason: str, message: str, *,
@@ -636,37 +598,3 @@ def condition(type_: str, status: ConditionStatus, reason: str, message: str, *,
     """A Condition stamped with the current time (UTC)."""
     return Condition(type=type_, status=status, reason=reason, message=message, observed_generation=generation,
                      last_transition_time=(now or datetime.now(UTC)).replace(microsecond=0))
-
-
-# -- the domain's hold on its channel claims -------------------------------------------------------
-#
-# kube-controller-manager deallocates a claim as soon as the last consumer in its reservedFor has
-# gone. A workload that recreates all its pods (a JobSet restart, an LWS group restart, a Job
-# deleted and made again by `pulumi up`) would then lose its channel and clique between its old
-# pods and its new ones, and come back wherever the scheduler found room, in a new IMEX domain.
-# So the controller also reserves each channel claim for the ComputeDomain itself, a consumer the
-# resourceclaim controller keeps (it only checks pods and pod groups), for as long as the domain
-# and claim exist; the provider's delete and the controller release it when the claim goes
-# (nvlfabric/controller/reservations.py).
-
-
-def hold_consumer(cd_name: str, cd_uid: str) -> dict[str, str]:
-    """The `reservedFor` entry by which ComputeDomain `cd_name` holds its channel claim."""
-    return {"apiGroup": GROUP, "resource": PLURAL, "name": cd_name, "uid": cd_uid}
-
-
-def is_hold(consumer: dict[str, Any]) -> bool:
-    """Whether a `reservedFor` entry is a ComputeDomain's hold (not a pod or a pod group)."""
-    return consumer.get("apiGroup") == GROUP and consumer.get("resource") == PLURAL
-
-
-def release_hold_patch(claim: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A JSON patch of the claim's status removing its domain's hold, applied only while the claim
-    and that entry are as read; None when the claim has no hold."""
-    meta, entries = claim.get("metadata") or {}, (claim.get("status") or {}).get("reservedFor") or []
-    for i, consumer in enumerate(entries):
-        if is_hold(consumer):
-            return [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
-                    {"op": "test", "path": f"/status/reservedFor/{i}/uid", "value": consumer.get("uid")},
-                    {"op": "remove", "path": f"/status/reservedFor/{i}"}]
-    return None

@@ -21,6 +21,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
+from nvlfabric.api.nodereports import node_reports
 from nvlfabric.controller import placement
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.reservationplan import PendingPod, pending_pod
@@ -66,7 +67,7 @@ def agent_node(obj: Any) -> AgentNode:
     if cond is not None and cond.get("status") == "False":
         unhealthy = f"{cond.get('reason')}: {cond.get('message')}" if cond.get("message") else str(cond.get("reason"))
     reports = tuple((r.namespace, r.name, r.entry.model_copy(update={"name": name}))
-                    for r in api.node_reports(meta.get("annotations")))
+                    for r in node_reports(meta.get("annotations")))
     return AgentNode(name=name, clique=labels.get(names.CLIQUE_LABEL), unhealthy=unhealthy, reports=reports,
                      placement={"metadata": {"name": name, "labels": labels},
                                 "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},

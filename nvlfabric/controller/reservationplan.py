@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nvlfabric.api import claimhold, names
 from nvlfabric.api import computedomain as api
-from nvlfabric.api import names
 from nvlfabric.api.names import (
     CLIQUE_GROUP_ANNOTATION,
     CLIQUE_GROUPS_ANNOTATION,
@@ -67,7 +67,7 @@ class ClaimState:
     pinned: str | None = None  # the clique its selector pins (a domain's placement.clique)
     imex_mode: str = ""  # its channel config's imexMode ("" when it has none)
     domain: tuple[str, str] | None = None  # (name, uid) of the ComputeDomain that owns it
-    hold_at: int | None = None  # index in reservedFor of the domain's hold on it (api.hold_consumer)
+    hold_at: int | None = None  # index in reservedFor of the domain's hold on it (claimhold.hold_consumer)
     pod_groups: bool = False  # reserved for a Kubernetes PodGroup, which holds it already
     terminating: bool = False  # being deleted
 
@@ -132,7 +132,7 @@ def claim_state(claim: Mapping[str, Any], driver: str) -> ClaimState:
                   if o.get("kind") == api.KIND and o.get("apiVersion") == api.API_VERSION and o.get("uid")), None)
     return ClaimState(uid=meta.get("uid", ""), job=(meta.get("labels") or {}).get(COMPUTE_DOMAIN_LABEL, ""),
                       domain=owner, terminating=bool(meta.get("deletionTimestamp")),
-                      hold_at=next((i for i, c in enumerate(consumers) if api.is_hold(c)), None),
+                      hold_at=next((i for i, c in enumerate(consumers) if claimhold.is_hold(c)), None),
                       pod_groups=any(c.get("resource") == "podgroups" for c in consumers),
                       groups=groups, pinned=next((p for e in cel if (p := names.pinned_clique_of(e))), None),
                       imex_mode=modes[0] if modes else "",

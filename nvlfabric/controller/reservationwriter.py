@@ -10,7 +10,7 @@ reservation state.
   which then fails validation as modified (docs/architecture.md, "Many pods on one claim").
 - A claim whose `reservedFor` is empty is about to be deallocated and left alone; only channel
   claims (from nvlfabric's clique pools) are reserved; at most 256 entries.
-- A domain's claim is also reserved for the domain itself (`api.hold_consumer`), so a workload
+- A domain's claim is also reserved for the domain itself (`claimhold.hold_consumer`), so a workload
   that recreates all its pods keeps its claim, clique and channel; the hold gives way to pods
   and to deletion (reservationplan.hold_change).
 - A gate lifts with one strategic-merge patch of the pod (reservationplan.ungate_patch: a
@@ -30,8 +30,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from nvlfabric.api import computedomain as api
-from nvlfabric.api import errors
+from nvlfabric.api import claimhold, errors
 from nvlfabric.controller.reservationplan import (
     MAX_RESERVED,
     Key,
@@ -87,7 +86,7 @@ class ReservationWriter:
                 _, release = hold_change(claim, unreserved, 0)
                 pods = to_reserve(namespace, name, claim.reserved, users, limit=MAX_RESERVED + release)
                 add, _ = hold_change(claim, unreserved, len(pods))
-                hold = api.hold_consumer(*claim.domain) if add and claim.domain else None
+                hold = claimhold.hold_consumer(*claim.domain) if add and claim.domain else None
                 dropped = (claim.hold_at, claim.reserved[claim.hold_at]) \
                     if release and claim.hold_at is not None else None
                 if not pods and hold is None and dropped is None:

@@ -14,6 +14,7 @@ import logging
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors
+from nvlfabric.api.nodereports import node_report, node_report_key
 from nvlfabric.nodeagent import kubeapi
 from nvlfabric.nodeagent.claims import NodeIdentity
 from nvlfabric.nodeagent.kubeapi import Client
@@ -48,7 +49,7 @@ class StatusReporter:
         """This node's entry for the ComputeDomain, as an annotation of its own Node (module doc).
         Status is a report, not a step of prepare: a failed write is logged and owed, not raised."""
         held = self._held.get((namespace, name))
-        report = api.node_report(namespace, name, api.NodeStatus(
+        report = node_report(namespace, name, api.NodeStatus(
             name=self.node.name, address=self.node.address, clique=self.node.clique, ready=ready, message=message,
             imex_trusts=held[0] if held else None, imex_issuer=held[1] if held and held[1] else None))
         try:
@@ -75,7 +76,7 @@ class StatusReporter:
         """Remove this node's report for the domain from its Node (the controller drops the entry)."""
         self._unreported.pop((namespace, cd_name), None)
         self._held.pop((namespace, cd_name), None)
-        body = {"metadata": {"annotations": {api.node_report_key(namespace, cd_name): None}}}
+        body = {"metadata": {"annotations": {node_report_key(namespace, cd_name): None}}}
         try:
             self.client.patch(kubeapi.path("v1", "nodes", self.node.name), body)
         except errors.NotFound:

@@ -25,9 +25,9 @@ from lightkube.types import PatchType
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nvlfabric.api import claimhold, names
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors as api_errors
-from nvlfabric.api import names
 from nvlfabric.api.channelconfig import ChannelConfig, ComputeDomainRef
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names, immutable_changes
 from nvlfabric.api.names import CLIQUE_GROUPS_ANNOTATION, COMPUTE_DOMAIN_LABEL, DEVICE_CLASS, DRIVER
@@ -251,11 +251,11 @@ def claim_drift(client: Client, cd: Mapping[str, Any]) -> str | None:
 
 
 def _release_hold(client: Client, claim_name: str, ns: str) -> None:
-    """Take the domain's hold off its claim, now being deleted (api.hold_consumer), so that the
+    """Take the domain's hold off its claim, now being deleted (claimhold.hold_consumer), so that the
     claim is deallocated and goes without waiting for the controller to do the same. Best effort:
     a claim already gone, changed meanwhile or not ours to patch is left to the controller."""
     claim = get(client, ResourceClaim, claim_name, ns)
-    patch = api.release_hold_patch(dict(claim)) if claim is not None else None
+    patch = claimhold.release_hold_patch(dict(claim)) if claim is not None else None
     if patch is None:
         return
     try:

@@ -29,7 +29,9 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
+from nvlfabric.api.claimhold import hold_consumer, release_hold_patch
 from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.api.nodereports import node_report, node_report_key
 from nvlfabric.controller import pools, reservationplan
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.controller.reconcile import Controller, SlotRequest, assign_port_slots, summarize
@@ -155,7 +157,7 @@ def test_pools_follow_nodes_and_a_domain_goes_pending_allocating_ready_degraded(
 
 def agent_report(client: Client, node: str, domain: str, entry: api.NodeStatus) -> None:
     """What a node's agent writes for a domain: an annotation of its own Node."""
-    client.patch(Node, node, {"metadata": {"annotations": api.node_report("default", domain, entry)}})
+    client.patch(Node, node, {"metadata": {"annotations": node_report("default", domain, entry)}})
 
 
 @pytest.mark.cluster
@@ -210,7 +212,7 @@ def test_an_entry_an_older_agent_applied_itself_is_dropped_and_the_status_then_s
         ctl.reconcile_domains()
         assert client.get(ComputeDomainResource, cd, namespace="default").metadata.resourceVersion == version
     finally:
-        client.patch(Node, names[0], {"metadata": {"annotations": {api.node_report_key("default", cd): None}}})
+        client.patch(Node, names[0], {"metadata": {"annotations": {node_report_key("default", cd): None}}})
         remove_domain(client, cd, claim, [])
 
 
@@ -333,7 +335,7 @@ def _claim(reserved: list[dict[str, str]], *, deleting: bool = False, owner: boo
 
 
 POD_ENTRY = {"resource": "pods", "name": "p0", "uid": "p0-uid"}
-HOLD = api.hold_consumer("cd", "cd-uid")
+HOLD = hold_consumer("cd", "cd-uid")
 
 
 @given(reserved=st.integers(0, 256), unreserved=st.integers(0, 300), adding=st.integers(0, 300),
@@ -376,11 +378,11 @@ def test_the_hold_is_added_last_and_released_first_with_its_place_tested() -> No
         {"op": "test", "path": "/metadata/uid", "value": "claim-uid"},
         {"op": "test", "path": "/status/reservedFor/0/uid", "value": "cd-uid"},
         {"op": "remove", "path": "/status/reservedFor/0"}]
-    assert api.release_hold_patch(_claim([POD_ENTRY, HOLD])) == [
+    assert release_hold_patch(_claim([POD_ENTRY, HOLD])) == [
         {"op": "test", "path": "/metadata/uid", "value": "claim-uid"},
         {"op": "test", "path": "/status/reservedFor/1/uid", "value": "cd-uid"},
         {"op": "remove", "path": "/status/reservedFor/1"}]
-    assert api.release_hold_patch(_claim([POD_ENTRY])) is None
+    assert release_hold_patch(_claim([POD_ENTRY])) is None
 
 
 @pytest.mark.cluster

@@ -58,6 +58,7 @@ from nvlfabric import manifests
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
+from nvlfabric.api.nodereports import node_report, node_reports
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.controller.reservationplan import PendingPod, pioneer_patch, reservation_patch
 from nvlfabric.provider.computedomain import channel_claim
@@ -615,10 +616,10 @@ def test_manifest_binds_each_policy() -> None:
 def test_agent_reports_a_domain_entry_on_its_own_node_only(env: Env) -> None:
     """The agent's entry for a ComputeDomain is an annotation of its own Node, which the controller
     copies into the domain's status: allowed there, refused on another node."""
-    report = api.node_report("default", "train", api.NodeStatus(name=env.node_a, ready=True))
+    report = node_report("default", "train", api.NodeStatus(name=env.node_a, ready=True))
     env.agent.patch(Node, env.node_a, {"metadata": {"annotations": report}})
-    assert api.node_reports(env.admin.get(Node, env.node_a).metadata.annotations)[0].entry.ready
+    assert node_reports(env.admin.get(Node, env.node_a).metadata.annotations)[0].entry.ready
     env.agent.patch(Node, env.node_a, {"metadata": {"annotations": {k: None for k in report}}})
-    assert not api.node_reports(env.admin.get(Node, env.node_a).metadata.annotations)
+    assert not node_reports(env.admin.get(Node, env.node_a).metadata.annotations)
     msg = denied(lambda: env.agent.patch(Node, env.node_b, {"metadata": {"annotations": report}}))
     assert f"may only modify its own Node {env.node_a}" in msg

@@ -31,6 +31,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import DRIVER
+from nvlfabric.api.nodereports import node_reports
 from nvlfabric.controller import pools
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.nodeagent import cdi, checkpoint, imexkeeper, kubeapi
@@ -188,7 +189,7 @@ def test_prepare_gives_the_channel_device_and_unprepare_takes_it_back(setup: Set
         entry = driver.state.get(ref.uid)
         assert entry is not None and entry.state is checkpoint.ClaimState.PREPARE_COMPLETED
         # Its entry for the domain, on its own Node (the controller copies it into the domain's status).
-        (report,) = api.node_reports(setup.client.get(Node, node.name).metadata.annotations)
+        (report,) = node_reports(setup.client.get(Node, node.name).metadata.annotations)
         assert (report.namespace, report.name) == ("default", name)
         assert report.entry.model_dump(exclude_none=True) == {"name": node.name, "address": node.address,
                                                               "clique": setup.clique, "ready": True}
@@ -205,7 +206,7 @@ def test_prepare_gives_the_channel_device_and_unprepare_takes_it_back(setup: Set
         assert restarted.unprepare([ref]) == {ref.uid: ""}
         assert not list(node.cdi_dirs[1].glob("*.json")) and not host_node.exists()
         assert restarted.state.get(ref.uid) is None
-        assert not api.node_reports(setup.client.get(Node, node.name).metadata.annotations)  # withdrawn
+        assert not node_reports(setup.client.get(Node, node.name).metadata.annotations)  # withdrawn
         assert restarted.unprepare([ref]) == {ref.uid: ""}  # idempotent
         saved = json.loads((node.kubelet_root / "plugins" / DRIVER / "checkpoint.json").read_text())
         assert saved["claims"] == {}

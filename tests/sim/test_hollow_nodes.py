@@ -21,8 +21,8 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
 from nvlfabric import manifests
-from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
+from nvlfabric.api.nodereports import node_report_key
 from nvlfabric.controller.reconcile import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
@@ -122,7 +122,7 @@ def test_a_hollow_node_looks_like_a_real_one_to_the_cluster(sim: tuple[ControlPl
 
         def report(node: str, cd: str) -> dict[str, Any]:
             annotations = client.get(Node, node).metadata.annotations or {}
-            return json.loads(annotations[api.node_report_key("default", cd)])
+            return json.loads(annotations[node_report_key("default", cd)])
 
         mine, theirs = report(real[0].name, a), report(hollow[0].name, b)
         assert mine.keys() == theirs.keys() and mine["entry"].keys() == theirs["entry"].keys()
@@ -137,5 +137,5 @@ def test_a_hollow_node_looks_like_a_real_one_to_the_cluster(sim: tuple[ControlPl
     for cd, members in ((a, real), (b, hollow)):
         for n in members:
             eventually(f"{n.name} to withdraw its report of {cd} with its last pod", lambda n=n, cd=cd: (
-                api.node_report_key("default", cd) not in (client.get(Node, n.name).metadata.annotations or {})),
+                node_report_key("default", cd) not in (client.get(Node, n.name).metadata.annotations or {})),
                 timeout=60)

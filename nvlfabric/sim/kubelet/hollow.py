@@ -47,6 +47,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.api.channelconfig import ChannelConfig
 from nvlfabric.api.kubelet.types import ClaimRef, PreparedDevice
+from nvlfabric.api.nodereports import node_report, node_report_key
 from nvlfabric.kube.errors import api_call
 from nvlfabric.sim.images import AGENT_IMAGE, image_name
 from nvlfabric.sim.nodes import SimNode
@@ -142,9 +143,9 @@ class HollowAgent:
         """This node's report for the domain (the contract's annotation), or its withdrawal."""
         report: dict[str, Any]
         if ready is None:
-            report = {api.node_report_key(namespace, name): None}
+            report = {node_report_key(namespace, name): None}
         else:
-            report = dict(api.node_report(namespace, name, api.NodeStatus(
+            report = dict(node_report(namespace, name, api.NodeStatus(
                 name=self.node.name, address=self.node.address, clique=self.clique, ready=ready)))
         with api_call(f"report node {self.node.name} for ComputeDomain {namespace}/{name}"):
             await self.client.patch(Node, self.node.name, {"metadata": {"annotations": report}})
