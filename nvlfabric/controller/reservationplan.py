@@ -23,7 +23,7 @@ from nvlfabric.api.names import (
 )
 from nvlfabric.controller import placement
 
-MAX_RESERVED = 256
+MAX_RESERVED = names.MAX_PODS_PER_CLAIM
 """resource.k8s.io: a claim's `status.reservedFor` holds at most this many consumers."""
 SETTLE_S = 0.5
 """Without a group-size annotation: a claim's group is complete once no new user came for this long."""
