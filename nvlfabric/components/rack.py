@@ -31,6 +31,7 @@ from nvlfabric.api.names import (
     DNS_SUBDOMAIN,
     DNS_SUBDOMAIN_MAX,
     EXPECTED_CLIQUE_LABEL,
+    GPU_RESOURCE,
     GPUS_PER_NODE,
     NODES_PER_CLIQUE,
     RACK_LABEL,
@@ -87,7 +88,7 @@ class Nvl72RackArgs(BaseModel):
                                 "Nodes' taint lists; needs label_nodes)")
     observe: bool = Field(True, description="read the rack's Nodes at preview and up: discovered cliques, "
                                             "mismatches, free GPUs")
-    gpu_resource: str = Field("nvidia.com/gpu", description="the resource name free GPUs are counted in")
+    gpu_resource: str = Field(GPU_RESOURCE, description="the resource name free GPUs are counted in")
 
     @field_validator("nodes")
     @classmethod
@@ -118,7 +119,7 @@ class Nvl72Rack(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, nodes: list[str], name: str | None = None,
                  expected_clique: str | None = None, label_nodes: bool = True,
                  taints: list[dict[str, str]] | None = None, observe: bool = True,
-                 gpu_resource: str = "nvidia.com/gpu", opts: pulumi.ResourceOptions | None = None,
+                 gpu_resource: str = GPU_RESOURCE, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
         self.args = validate(Nvl72RackArgs, "Nvl72Rack", resource_name, {
             "name": name if name is not None else resource_name, "nodes": nodes,

@@ -73,7 +73,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from nvlfabric.api.names import DEFAULT_MASTER_PORT, GPUS_PER_NODE, KUEUE_API_VERSION
+from nvlfabric.api.names import DEFAULT_MASTER_PORT, GPU_RESOURCE, GPUS_PER_NODE, KUEUE_API_VERSION
 from nvlfabric.api.nvidia import Backend
 from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components import capacity, clusterprobes, program
@@ -121,7 +121,7 @@ class BoundJob(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, compute_domain: ComputeDomain, pod_template: dict[str, Any],
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
                  completions: int | None = None,
-                 gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = "nvidia.com/gpu",
+                 gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = GPU_RESOURCE,
                  max_restarts: int = 0, queue_name: str | None = None, wait: bool = False,
                  labels: dict[str, str] | None = None,
                  reservation_gate: bool | None = None,

@@ -12,6 +12,7 @@ from nvlfabric.api.names import (
     DEFAULT_MASTER_PORT,
     DNS_LABEL,
     DNS_LABEL_MAX,
+    GPU_RESOURCE,
     GPUS_PER_CLIQUE,
     GPUS_PER_NODE,
     KUEUE_QUEUE_LABEL,
@@ -52,7 +53,7 @@ class BoundJobArgs(BaseModel):
     gpus_per_pod: int = Field(GPUS_PER_NODE, ge=0, le=GPUS_PER_NODE,
                               description=f"GPUs per pod, 0..{GPUS_PER_NODE} "
                                           f"(a GB200 compute tray has {GPUS_PER_NODE})")
-    gpu_resource: str | None = Field("nvidia.com/gpu",
+    gpu_resource: str | None = Field(GPU_RESOURCE,
                                      description="the extended resource GPUs are requested as; None requests none "
                                                  "(GPUs allocated by another DRA driver). Without GPU requests "
                                                  "nothing spreads the pods over nodes: a domain's numNodes may "

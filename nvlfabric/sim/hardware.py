@@ -78,7 +78,8 @@ def write_topology(state_dir: Path, nodes: list[SimNode]) -> topology.Topology:
     topo = topology.Topology(
         racks=tuple(simnodes.nvlink_rack(r) for r in racks),
         nodes=tuple(topology.Node(name=n.name, rack=topology.rack_name(n.rack),
-                                  gpus=tuple(topology.gb200_gpu(n.name, i) for i in range(4))) for n in nodes),
+                                  gpus=tuple(topology.gb200_gpu(n.name, i) for i in range(topology.GPUS_PER_NODE)))
+                    for n in nodes),
     )
     path = topology_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

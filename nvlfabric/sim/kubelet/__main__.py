@@ -23,7 +23,7 @@ from nvlfabric.sim import hardware
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.kubelet.kubelet import KubeletConfig, SimKubelet
 from nvlfabric.sim.kubelet.leaseclient import LeaseClient, connections_for
-from nvlfabric.sim.nodes import rack_nodes
+from nvlfabric.sim.nodes import NODES_PER_RACK, rack_nodes
 from nvlfabric.sim.podnetwork import PodNetwork
 
 
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", type=Path, required=True)
     ap.add_argument("--kubeconfig", type=Path, required=True)
     ap.add_argument("--racks", type=int, default=1)
-    ap.add_argument("--nodes-per-rack", type=int, default=18)
+    ap.add_argument("--nodes-per-rack", type=int, default=NODES_PER_RACK)
     ap.add_argument("--first-rack", type=int, default=0, help="number of the first rack (names, addresses)")
     ap.add_argument("--hollow-racks", type=int, default=0,
                     help="the last N racks are hollow: their DaemonSets' pods run nothing "

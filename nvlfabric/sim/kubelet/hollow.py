@@ -93,8 +93,8 @@ class HollowAgent:
         with api_call(f"write the {names.FABRIC_CONDITION} condition of Node {self.node.name}"):
             await self.client.patch(Node.Status, self.node.name, {"status": {"conditions": [{
                 "type": names.FABRIC_CONDITION, "status": "True", "reason": REGISTERED_REASON,
-                "message": f"NVLink clique {self.clique}, 4 GPUs healthy", "lastHeartbeatTime": stamp,
-                "lastTransitionTime": stamp}]}})
+                "message": f"NVLink clique {self.clique}, {names.GPUS_PER_NODE} GPUs healthy",
+                "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}})
         log.info("node %s: hollow agent up in clique %s", self.node.name, self.clique)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:

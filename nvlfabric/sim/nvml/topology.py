@@ -23,6 +23,7 @@ from uuid import NAMESPACE_DNS, UUID, uuid5
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nvlfabric.api import names
 from nvlfabric.sim.nvml.constants import (
     HEALTH_MASK_HEALTHY,
     TOPOLOGY_FORMAT,
@@ -46,8 +47,8 @@ DEFAULT_NVML_VERSION = "12.570.172.08"
 DEFAULT_CUDA_DRIVER_VERSION = 12080
 #: NMX-C's default partition ID, used as the clique ID of a rack with one partition.
 DEFAULT_CLIQUE_ID = 32766
-GPUS_PER_NODE = 4
-NODES_PER_RACK = 18
+GPUS_PER_NODE = names.GPUS_PER_NODE
+NODES_PER_RACK = names.NODES_PER_CLIQUE
 
 MAX_GPUS_PER_NODE = 16
 
