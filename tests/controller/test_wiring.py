@@ -9,31 +9,19 @@ import threading
 
 import pytest
 from lightkube import Client
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingGate, PodSpec, ResourceRequirements
-from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from nvlfabric.api.names import CLIQUE_LABEL, RESERVATION_GATE
+from nvlfabric.api.names import CLIQUE_LABEL
 from nvlfabric.controller import wiring
 from nvlfabric.controller.__main__ import settings
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster
+from tests.controller.pods import channel_pod
 from tests.support.domains import provider_domain, remove_domain
 
 pytestmark = pytest.mark.cluster
-
-
-def gated_pod(name: str, claim: str, run: str) -> Pod:
-    """A pod of the domain's claim on this test's nodes, gated as BoundJob's pods are."""
-    return Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
-        nodeSelector={"ctl-test": run}, terminationGracePeriodSeconds=0,
-        schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)],
-        resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
-        containers=[Container(name="w", image="registry.invalid/w:1",
-                              resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))]))
 
 
 def test_the_leaders_work_reserves_places_and_summarises_on_one_set_of_informers(
@@ -50,7 +38,7 @@ def test_the_leaders_work_reserves_places_and_summarises_on_one_set_of_informers
     try:
         worker.start()
         for p in pods:
-            client.create(gated_pod(p, claim, run))
+            client.create(channel_pod(p, claim, run, gated=True))
         eventually("every pod to be let through and bound", lambda: all(
             client.get(Pod, p, namespace="default").spec.nodeName for p in pods) or None, timeout=60)
         selectors = [client.get(Pod, p, namespace="default").spec.nodeSelector or {} for p in pods]
