@@ -132,7 +132,7 @@ def spec_of(name: str, live_spec: dict[str, Any]) -> NvidiaDomainSpec:
            else {})})
 
 
-class NodeStatus(BaseModel):
+class NvidiaNodeStatus(BaseModel):
     """One entry of NVIDIA's `status.nodes` (a node running the domain's IMEX daemon)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -150,4 +150,4 @@ class DomainStatus(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     status: str = "NotReady"
-    nodes: list[NodeStatus] = Field(default_factory=list)
+    nodes: list[NvidiaNodeStatus] = Field(default_factory=list)
