@@ -26,7 +26,7 @@ from nvlfabric.api import errors, names
 from nvlfabric.api.channelconfig import ChannelConfig
 from nvlfabric.api.kubelet.types import ClaimRef
 from nvlfabric.api.names import DRIVER
-from nvlfabric.nodeagent import checkpoint, kubeapi
+from nvlfabric.nodeagent import checkpoint, imexconfig, kubeapi
 from nvlfabric.nodeagent.kubeapi import Client
 
 __all__ = [
@@ -270,5 +270,6 @@ def allocation_of(c: ClaimRef, pool: str, device: str, config: ChannelConfig) ->
     return checkpoint.Allocation(
         compute_domain_uid=config.compute_domain.uid, compute_domain_name=config.compute_domain.name,
         channels=(channel,), all_channels=every,
-        imex_domain_id=sys.intern(f"cd-{config.compute_domain.uid}" if dedicated else f"clique-{clique}"),
+        imex_domain_id=sys.intern(imexconfig.dedicated_domain_id(config.compute_domain.uid) if dedicated
+                                  else imexconfig.clique_domain_id(clique)),
         device=f"{pool}/{device}")

@@ -30,12 +30,18 @@ from dataclasses import dataclass
 from nvlfabric.api import names
 
 __all__ = [
+    "CLIQUE_DOMAIN_PREFIX",
+    "DEDICATED_DOMAIN_PREFIX",
     "TLS_CA",
     "TLS_CERT",
     "TLS_KEY",
     "DomainPorts",
     "canonical_members",
     "check_domain",
+    "clique_domain_id",
+    "clique_of_domain",
+    "dedicated_domain_id",
+    "is_dedicated",
     "is_domain_id",
     "ports_for_slot",
     "render_nodes",
@@ -51,6 +57,32 @@ TLS_KEY = "tls/node.key"
 TLS_CERT = "tls/node.crt"
 TLS_CA = "tls/ca.crt"
 """A TLS domain's credentials, relative to its directory (written by the agent, nodeagent/imexauth.py)."""
+
+
+CLIQUE_DOMAIN_PREFIX = "clique-"
+DEDICATED_DOMAIN_PREFIX = "cd-"
+"""A clique's persistent domain is `clique-<clique>`, a Dedicated ComputeDomain's own `cd-<its uid>`:
+the ids the checkpoint records and the keeper names its directories by (so they never change)."""
+
+
+def clique_domain_id(clique: str) -> str:
+    """The id of clique `clique`'s persistent (clique-scoped) IMEX domain."""
+    return f"{CLIQUE_DOMAIN_PREFIX}{clique}"
+
+
+def dedicated_domain_id(cd_uid: str) -> str:
+    """The id of the Dedicated ComputeDomain `cd_uid`'s own IMEX domain."""
+    return f"{DEDICATED_DOMAIN_PREFIX}{cd_uid}"
+
+
+def is_dedicated(domain_id: str) -> bool:
+    """Whether `domain_id` is a Dedicated ComputeDomain's own domain (else a clique's)."""
+    return domain_id.startswith(DEDICATED_DOMAIN_PREFIX)
+
+
+def clique_of_domain(domain_id: str) -> str:
+    """The clique of a clique-scoped domain id (the inverse of `clique_domain_id`)."""
+    return domain_id.removeprefix(CLIQUE_DOMAIN_PREFIX)
 
 
 def is_domain_id(value: str) -> bool:

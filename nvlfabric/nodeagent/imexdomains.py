@@ -111,7 +111,7 @@ class ImexSupervisor:
         """Stop a dedicated domain's daemon once no claim in `cp` but `entry` needs it (the clique's
         domain stays)."""
         domain_id = entry.allocation.imex_domain_id
-        if not domain_id.startswith("cd-") or any(
+        if not imexconfig.is_dedicated(domain_id) or any(
                 e.allocation.imex_domain_id == domain_id and e.uid != entry.uid
                 and e.state is not checkpoint.ClaimState.PREPARE_ABORTED for e in cp.claims):
             return
@@ -242,8 +242,8 @@ class ImexSupervisor:
 
     def _target(self, domain_id: str, entry: checkpoint.ClaimEntry, *, dedicated_only: bool) -> _Target | None:
         """What `domain_id` should run with now; None to leave it for now."""
-        if not domain_id.startswith("cd-"):
-            clique = domain_id.removeprefix("clique-")
+        if not imexconfig.is_dedicated(domain_id):
+            clique = imexconfig.clique_of_domain(domain_id)
             if dedicated_only or clique != self.node.clique:
                 return None  # a former clique has no members here
             return _Target(self.domain(domain_id), self.clique_members(clique))

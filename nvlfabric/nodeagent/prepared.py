@@ -225,7 +225,7 @@ class PreparedClaims:
 
     def _channel_major(self) -> int:
         if self._major is None:
-            self._major = cdi.read_major(self.paths.proc_devices, "nvidia-caps-imex-channels")
+            self._major = cdi.read_major(self.paths.proc_devices, names.IMEX_CHANNEL_DEVICE)
         return self._major
 
     # -- unprepare -----------------------------------------------------------------------------

@@ -334,3 +334,17 @@ def test_the_node_report_and_claim_hold_protocols_have_modules_of_their_own() ->
     report = nodereports.node_report("ns", "cd", computedomain.NodeStatus(name="n0", ready=True))
     (key,) = report
     assert key.startswith(names.NODE_REPORT_PREFIX) and nodereports.node_reports(report)[0].entry.ready
+
+
+def test_the_imex_domain_ids_the_agent_records_are_the_ones_it_reads_back() -> None:
+    """Ids live on in checkpoints and the keeper's directories: one spelling, made and read in imexconfig."""
+    from nvlfabric.nodeagent import imexconfig
+
+    clique, uid = CLIQUE, "0b7e4c4e-51b5-4f0e-9d7a-2f3f3f6c1a11"
+    assert imexconfig.clique_domain_id(clique) == f"clique-{clique}"  # as agents before issue 50 recorded them
+    assert imexconfig.dedicated_domain_id(uid) == f"cd-{uid}"
+    assert imexconfig.clique_of_domain(imexconfig.clique_domain_id(clique)) == clique
+    assert imexconfig.is_dedicated(imexconfig.dedicated_domain_id(uid))
+    assert not imexconfig.is_dedicated(imexconfig.clique_domain_id(clique))
+    assert all(imexconfig.is_domain_id(d) for d in (imexconfig.clique_domain_id(clique),
+                                                    imexconfig.dedicated_domain_id(uid)))
