@@ -178,7 +178,7 @@ def build() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": cd.CRD_NAME,
-            "labels": {"app.kubernetes.io/part-of": "nvlfabric"},
+            "labels": {names.PART_OF_LABEL: names.PART_OF},
         },
         "spec": {
             "group": names.GROUP,

@@ -347,7 +347,7 @@ class Issuer:
             secret = Secret(
                 metadata=ObjectMeta(name=secret_name, namespace=names.NAMESPACE,
                                     labels={names.COMPUTE_DOMAIN_UID_LABEL: uid,
-                                            "app.kubernetes.io/part-of": "nvlfabric"},
+                                            names.PART_OF_LABEL: names.PART_OF},
                                     annotations={f"{names.GROUP}/compute-domain": f"{namespace}/{name}",
                                                  HANDLED_ANNOTATION: requested}),
                 type="kubernetes.io/tls", data=data)
