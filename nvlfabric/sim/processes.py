@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from nvlfabric.api import names
+
 
 class ProcessRecord(BaseModel):
     name: str
@@ -162,7 +164,7 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 LISTEN_PORTS_FROM = 20000
 """The lowest port `free_loopback_ports` picks: above the kubelet's and the control plane's own
 (10248-10259), which simulated and real kubelets serve on their node addresses."""
-RESERVED_PORTS = frozenset({20259, 23790, 23800, 26443, 29500})
+RESERVED_PORTS = frozenset({20259, 23790, 23800, 26443, names.DEFAULT_MASTER_PORT})
 """Never picked: the default simulator's ports (`make demo` beside a test run) and torch's master port."""
 
 
