@@ -1,6 +1,11 @@
 """The contract room: nvlfabric's own Kubernetes API (`nvlfabric.io`): pydantic models that are the one source of the
 CRD schemas (`nvlfabric.codegen.crdgen` generates `nvlfabric/manifests/crds/` from them).
 
+A module per concern: `names` (every shared name and limit), `computedomain` (the CRD's models),
+`channelconfig` (a channel claim's opaque config), `nodereports` (the agents' reports on their
+Nodes), `claimhold` (a domain's hold on its claims), `nvidia` (NVIDIA's ComputeDomain), `errors`,
+`release`, and `kubelet` (the kubelet's gRPC contracts).
+
 The ComputeDomain models are imported on first use of a name (`nvlfabric.api.ComputeDomain`),
 not with the package: every process of the driver imports `nvlfabric.api.names`, and the IMEX
 keeper on every node needs none of the ~100 model classes (13 MB of its memory when they came
