@@ -25,7 +25,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass
 
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, WORKLOAD_LABEL
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import addons
 from nvlfabric.sim.environment import simulator_env
 from nvlfabric.sim.paths import REPO, ToolsMissing, default_state_dir, load_tools

@@ -397,7 +397,7 @@ def rack() -> Iterator[tuple[ControlPlane, Client]]:
 @pytest.mark.pulumi
 def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
         rack: tuple[ControlPlane, Client], tmp_path: Path) -> None:
-    from nvlfabric.controller.reconcile import ComputeDomainResource
+    from nvlfabric.controller.cache import ComputeDomainResource
 
     cp, client = rack
     domain = f"train-{uuid.uuid4().hex[:5]}"

@@ -26,7 +26,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, CLIQUE_LABEL, WORKLOAD_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from nvlfabric.testbed.pulumi_cli import PulumiProject

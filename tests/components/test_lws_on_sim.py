@@ -19,7 +19,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from nvlfabric import manifests
 from nvlfabric.api.names import WORKLOAD_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack

@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from nvlfabric import manifests
 from nvlfabric.api.names import CLIQUE_LABEL, RANK_ANNOTATION
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack

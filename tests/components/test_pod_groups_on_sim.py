@@ -28,7 +28,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import CLIQUE_LABEL, COMPUTE_DOMAIN_LABEL, RANK_ANNOTATION, RESERVATION_GATE
 from nvlfabric.clusterview import scheduling
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane

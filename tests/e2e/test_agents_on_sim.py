@@ -29,7 +29,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from nvlfabric import manifests
 from nvlfabric.api.names import DRIVER
 from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports

@@ -34,7 +34,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric.api import names
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import pki
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane

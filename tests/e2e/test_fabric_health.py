@@ -22,7 +22,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 
 from nvlfabric import manifests
 from nvlfabric.api import names
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.sim.nodes import SimNode

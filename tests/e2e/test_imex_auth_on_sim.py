@@ -36,7 +36,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.nodeagent import imexconfig
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.sim.nodes import SimNode

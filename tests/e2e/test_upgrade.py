@@ -45,7 +45,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 import nvlfabric
 from nvlfabric.api import names
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nvml.topology import rack_name

@@ -59,7 +59,7 @@ from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.api.names import RESERVATION_GATE
 from nvlfabric.api.nodereports import node_report, node_reports
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.controller.reservationplan import PendingPod, pioneer_patch, reservation_patch
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, make_ready_nodes

@@ -29,7 +29,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import eventually
 from tests.conftest import Cluster

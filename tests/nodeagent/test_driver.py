@@ -33,7 +33,7 @@ from nvlfabric.api import names
 from nvlfabric.api.names import DRIVER
 from nvlfabric.api.nodereports import node_reports
 from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.nodeagent import cdi, checkpoint, imexkeeper, kubeapi
 from nvlfabric.nodeagent.driver import ChannelDriver, NodeIdentity, Paths
 from nvlfabric.nodeagent.server import ClaimRef

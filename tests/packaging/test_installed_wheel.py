@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
 
 from nvlfabric.api.names import DEVICE_CLASS, NAMESPACE, RACK_LABEL
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.sim.nvml.topology import rack_name
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports

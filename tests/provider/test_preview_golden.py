@@ -17,7 +17,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.types import PatchType
 
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import install_crd
 from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import Cluster

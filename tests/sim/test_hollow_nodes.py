@@ -23,7 +23,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from nvlfabric import manifests
 from nvlfabric.api import names
 from nvlfabric.api.nodereports import node_report_key
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs

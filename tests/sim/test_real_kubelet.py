@@ -26,7 +26,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric import manifests
 from nvlfabric.controller import pools
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults, realnode
 from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports

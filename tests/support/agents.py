@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Pod
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api.names import DRIVER
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.nodes import SimNode
 

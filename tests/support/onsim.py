@@ -12,7 +12,7 @@ from lightkube.resources.core_v1 import Pod
 
 from nvlfabric.api.computedomain import ComputeDomainSpec, channel_claim_names
 from nvlfabric.api.names import WORKLOAD_LABEL
-from nvlfabric.controller.reconcile import ComputeDomainResource
+from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.testbed.controlplane import ControlPlane
 
