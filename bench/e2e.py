@@ -102,8 +102,8 @@ from lightkube.resources.batch_v1 import Job  # noqa: E402
 from lightkube.resources.core_v1 import Event, Node, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice  # noqa: E402
 
-from nvlfabric.controller.pools import CLIQUE_LABEL, POOL_LABEL  # noqa: E402
 from nvlfabric.controller.cache import ComputeDomainResource  # noqa: E402
+from nvlfabric.controller.pools import CLIQUE_LABEL, POOL_LABEL  # noqa: E402
 from nvlfabric.sim.kubelet.plugins import registry_sockets  # noqa: E402
 from nvlfabric.sim.nodes import runtime_root  # noqa: E402
 from nvlfabric.sim.nvml.topology import rack_name  # noqa: E402
