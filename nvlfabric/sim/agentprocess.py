@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from nvlfabric.api import names
 from nvlfabric.api.kubelet import pluginregistration_pb2, pluginregistration_pb2_grpc
 from nvlfabric.sim import hardware, nodeimage
 from nvlfabric.sim.agenthost import Host
@@ -160,7 +161,7 @@ class KeeperProcess(ChildProcess):
 
     @property
     def socket(self) -> Path:
-        return self.host.imex_workdir / "keeper.sock"
+        return self.host.imex_workdir / names.IMEX_KEEPER_SOCKET
 
     def start(self, timeout: float = 20.0) -> None:
         n = self.host.node

@@ -109,9 +109,16 @@ async def heartbeats(leases: LeaseClient, client: AsyncClient, state: NodeState,
     starting `phase` of an interval late, so that nodes do not all renew in one burst."""
     await asyncio.sleep(phase * LEASE_RENEW_S)
     next_status = time.monotonic() + STATUS_REPORT_S * (1 + phase)
+    was_down = False
     while not stopping():
         due = time.monotonic() + LEASE_RENEW_S
-        if not state.node.is_down():
+        down = state.node.is_down()
+        if was_down and not down:
+            # Back from the dead: the node lifecycle controller set Ready Unknown meanwhile, and the
+            # kubelet posts its status as soon as it differs from the API's, not at the next report.
+            next_status = time.monotonic()
+        was_down = down
+        if not down:
             await _renew(leases, state, due)
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + STATUS_REPORT_S

@@ -1,6 +1,7 @@
 """Stopping a pod being deleted: its processes stopped (SIGTERM, then SIGKILL after the grace),
-NodeUnprepareResources per driver, what the node held of it dropped, then the pod deleted with
-grace period 0. A pod stays Terminating until its unprepare succeeds, as with a real kubelet.
+NodeUnprepareResources per driver, what the node held of it dropped, then the pod ended (phase
+Failed, unless it had ended already) and deleted with grace period 0. A pod stays Terminating
+until its unprepare succeeds, as with a real kubelet.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
 
 from nvlfabric.api import errors
 from nvlfabric.api.kubelet.types import ClaimRef
@@ -93,5 +95,12 @@ async def delete(client: AsyncClient, pod: Pod) -> None:
     the caller to retry, or the pod stays Terminating for good."""
     assert pod.metadata is not None
     name, namespace = pod.metadata.name or "", pod.metadata.namespace or "default"
+    if (pod.status.phase if pod.status else None) not in ("Succeeded", "Failed"):
+        # A deleted pod ends in a terminal phase before it goes (the kubelet's getPhase: its
+        # containers were stopped, so Failed): a Job with a podFailurePolicy counts a pod, and
+        # replaces it, only once it is terminal; left Running it stayed Terminating for good.
+        with contextlib.suppress(errors.NotFound), api_call(f"end pod {namespace}/{name}"):
+            await client.patch(Pod.Status, name, {"status": {"phase": "Failed"}}, namespace=namespace,
+                               patch_type=PatchType.MERGE)
     with contextlib.suppress(errors.NotFound), api_call(f"delete pod {namespace}/{name}"):
         await client.delete(Pod, name, namespace=namespace, grace_period=0)
