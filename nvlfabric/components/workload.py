@@ -16,7 +16,9 @@ get stable DNS names from a headless Service: BoundJob's own for a Job or a Stat
 and LeaderWorkerSet make theirs.
 
 The workload's shape (`kind`):
-- `Job` (default): an Indexed batch/v1 Job of `parallelism` pods;
+- `Job` (default): an Indexed batch/v1 Job of `parallelism` pods; a pod failed as disrupted (its
+  node lost) is replaced, any other failure fails the Job (workloadmanifests.DISRUPTION_POLICY, in
+  a JobSet's Jobs too; a Job already in a stack's state keeps what it was created with);
 - `StatefulSet`: apps/v1, `parallelism` replicas started in parallel (all members must come up
   together), with the headless Service it needs for stable pod names;
 - `JobSet` (jobset.x-k8s.io/v1alpha2): one replicated Job of `parallelism` Indexed pods;
@@ -94,14 +96,20 @@ from nvlfabric.components.workloadargs import (
     Scheduler,
     WorkloadKind,
 )
-from nvlfabric.components.workloadmanifests import NOT_AWAITED, job_manifest, workload_manifests
+from nvlfabric.components.workloadmanifests import (
+    CREATED_ONLY,
+    DISRUPTION_POLICY,
+    NOT_AWAITED,
+    job_manifest,
+    workload_manifests,
+)
 
 __all__ = [
-    "BATCH_KINDS", "CLAIM_REF", "CONTROLLED_KINDS", "DEFAULT_WORKLOAD_APIS", "JOBSET_API", "JOBSET_REPLICATED_JOB",
-    "LWS_API", "MAX_JOBSET_RESTARTS", "NOT_AWAITED", "RANK_FIELD", "SCHEDULING_KINDS", "BoundJob", "BoundJobArgs",
-    "Scheduler", "WorkloadKind", "bound_pod_template", "cluster_serves", "job_manifest", "launcher_env",
-    "master_address", "pod_group_manifests", "pod_group_name", "template_shape_problems", "tolerating",
-    "workload_manifests",
+    "BATCH_KINDS", "CLAIM_REF", "CONTROLLED_KINDS", "CREATED_ONLY", "DEFAULT_WORKLOAD_APIS", "DISRUPTION_POLICY",
+    "JOBSET_API", "JOBSET_REPLICATED_JOB", "LWS_API", "MAX_JOBSET_RESTARTS", "NOT_AWAITED", "RANK_FIELD",
+    "SCHEDULING_KINDS", "BoundJob", "BoundJobArgs", "Scheduler", "WorkloadKind", "bound_pod_template",
+    "cluster_serves", "job_manifest", "launcher_env", "master_address", "pod_group_manifests", "pod_group_name",
+    "template_shape_problems", "tolerating", "workload_manifests",
 ]
 
 
@@ -206,14 +214,18 @@ class BoundJob(pulumi.ComponentResource):
             # One workload keeps the component's own name (and state); a MultiClique domain's
             # further groups are <resource>-<g>.
             rname = resource_name if i == 0 else f"{resource_name}-{i}"
+            # Fields added since a release created workloads, immutable ones: for new objects only.
+            opts = child
+            if created_only := CREATED_ONLY.get(m["kind"]):
+                opts = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=list(created_only)))
             if m["kind"] == "Job":
-                self.jobs.append(k8s.batch.v1.Job(rname, metadata=m["metadata"], spec=m["spec"], opts=child))
+                self.jobs.append(k8s.batch.v1.Job(rname, metadata=m["metadata"], spec=m["spec"], opts=opts))
             elif m["kind"] == "StatefulSet":
-                self.jobs.append(k8s.apps.v1.StatefulSet(rname, metadata=m["metadata"], spec=m["spec"], opts=child))
+                self.jobs.append(k8s.apps.v1.StatefulSet(rname, metadata=m["metadata"], spec=m["spec"], opts=opts))
             else:
                 self.jobs.append(k8s.apiextensions.CustomResource(
                     rname, api_version=m["apiVersion"], kind=m["kind"], metadata=m["metadata"], spec=m["spec"],
-                    opts=child))
+                    opts=opts))
         self.job = self.jobs[0]
 
     def _register(self, compute_domain: ComputeDomain, apis: WorkloadApis | None) -> None:
