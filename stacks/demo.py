@@ -21,10 +21,10 @@ from typing import Any
 
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass
 
-from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, WORKLOAD_LABEL
+from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, SPARES_LABEL, WORKLOAD_LABEL
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import addons
 from nvlfabric.sim.environment import simulator_env
@@ -96,7 +96,7 @@ def up(cp: ControlPlane) -> None:
             print(f"  group {g['index']:<6} {'':6} {g.get('clique') or '-':48} {g.get('channel') or '-':>7} "
                   f"{g.get('readyNodes', 0)}/{len(g.get('nodes') or [])}")
     print()
-    print_rack_map(cp, pods)
+    print_rack_map(cp, pods, spares_by_node(client))
     print(f"\ntimings       simulator up {sim_s:.1f}s, pulumi up {up_s:.1f}s, "
           f"domains Ready + pods Running {ready_s:.1f}s after, total {time.monotonic() - _start:.1f}s")
     sim_dir = "" if cp.state_dir == default_state_dir().resolve() else f"NVLFABRIC_SIM_DIR={cp.state_dir} "
@@ -132,9 +132,21 @@ def _status(client: Client, name: str) -> dict[str, Any]:
     return dict(status) if isinstance(status, dict) else {}
 
 
-def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
+def spares_by_node(client: Client) -> dict[str, int]:
+    """Node → the spares its rack keeps (its nvlfabric.io/spares label), for the Nodes that have one."""
+    out = {}
+    for node in client.list(Node, labels={SPARES_LABEL: None}):
+        value = ((node.metadata.labels or {}) if node.metadata else {}).get(SPARES_LABEL, "")
+        if node.metadata and node.metadata.name and value.isdigit():
+            out[node.metadata.name] = int(value)
+    return out
+
+
+def print_rack_map(cp: ControlPlane, pods: list[Pod], spares: dict[str, int] | None = None) -> None:
     """Per node: the pods placed there and the ComputeDomain and IMEX channel each one got, as the
-    simulated container runtime recorded them (the env and device nodes the CDI edits injected)."""
+    simulated container runtime recorded them (the env and device nodes the CDI edits injected).
+    `spares`: node → its rack's spares (nvlfabric.io/spares), said per rack as the controller reads
+    a clique's (the largest over its nodes)."""
     by_node: dict[str, list[str]] = {}
     gpus_used: dict[str, int] = {}
     for pod in pods:
@@ -162,7 +174,9 @@ def print_rack_map(cp: ControlPlane, pods: list[Pod]) -> None:
         racks.setdefault(n.rack, []).append(n)
     for rack, nodes in sorted(racks.items()):
         used = [n for n in nodes if n.name in by_node]
-        print(f"  rack-{rack}: {len(used)}/{len(nodes)} nodes in use")
+        kept = max(((spares or {}).get(n.name, 0) for n in nodes), default=0)
+        kept_text = f" ({kept} spare{'' if kept == 1 else 's'})" if kept else ""
+        print(f"  rack-{rack}{kept_text}: {len(used)}/{len(nodes)} nodes in use")
         for n in used:
             print(f"    {n.name}  {gpus_used.get(n.name, 0)}/4 GPUs  {'  '.join(sorted(by_node[n.name]))}")
 

@@ -139,6 +139,12 @@ RACK_LABEL: Final = "nvlfabric.io/rack"
 """On a Node: the rack an `Nvl72Rack` declared it in."""
 EXPECTED_CLIQUE_LABEL: Final = "nvlfabric.io/expected-clique"
 """On a Node: the clique its rack declaration expects (checked against CLIQUE_LABEL)."""
+SPARES_LABEL: Final = f"{GROUP}/spares"
+"""On a Node: how many of its clique's nodes are kept free as hot spares (an `Nvl72Rack`'s
+`spares`, written on each of the rack's Nodes; absent means none): new ComputeDomains are not
+placed on them, replacements of lost members (and growing domains) are. A count, not named nodes:
+any fully free node of the clique is a spare. The controller reads a clique's spares as the
+largest value over its Nodes."""
 POOL_LABEL: Final = "nvlfabric.io/pool"
 """On a ResourceSlice: the channel pool it belongs to."""
 COMPUTE_DOMAIN_LABEL: Final = "nvlfabric.io/compute-domain"
@@ -149,6 +155,10 @@ Service's selector)."""
 RESERVATION_GATE: Final = "nvlfabric.io/channel-reservation"
 """A pod scheduling gate (BoundJob adds it): the controller lifts it once the pod is in its
 channel claim's reservedFor, so the scheduler never races itself on the shared claim."""
+DISRUPTION_REASON: Final = "DeletionByNvlfabric"
+"""The reason of the DisruptionTarget condition the controller sets on a pod of a lost member
+node before deleting it (as PodGC's DeletionByPodGC): a Job's podFailurePolicy that ignores
+DisruptionTarget then replaces the pod without counting it as a failure."""
 GROUP_SIZE_ANNOTATION: Final = "nvlfabric.io/group-size"
 """On a bound workload's pods: how many pods of the workload share its channel claim. The
 controller places the claim's clique only once it sees that many, where all of them fit."""

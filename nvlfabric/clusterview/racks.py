@@ -4,7 +4,8 @@ A read at program time (a data source, run by preview and up alike), for `compon
 per node whether it exists and is Ready, the clique label its node agent set from NVML
 (`nvlfabric.io/clique`) or, on a cluster that runs NVIDIA's driver, the one GPU Feature Discovery
 set (`nvidia.com/gpu.clique`, same `<clusterUUID>.<cliqueId>` value), whether the fabric is ready,
-and its GPUs: allocatable and requested by the pods on it that have not finished. `summarize` is pure and unit-tested.
+and its GPUs: allocatable and requested by the pods on it that have not finished, so which nodes
+are fully free (what a rack's `spares` counts). `summarize` is pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class RackView:
     mismatches: tuple[str, ...] = ()
     """Human-readable problems: a node missing, without a clique, or in another clique."""
     free_gpus: int = 0
+    free_nodes: int = 0
+    """Ready nodes with GPUs none of which an unfinished pod asks for: fully free, so each could be
+    one of the rack's spares (`nvlfabric.io/spares`) or a new domain's member."""
     held_gpus: dict[str, int] = field(default_factory=dict)
     """'namespace/workload' → GPUs its pods hold on the rack's Ready nodes."""
 
@@ -80,13 +84,14 @@ def summarize(nodes: Sequence[NodeView], expected_clique: str | None) -> RackVie
         problems.append(f"the rack's nodes report {len(found)} cliques ({', '.join(sorted(found))}); "
                         "one NVL72 rack is one clique: check the cabling or the node list")
     free = sum(max(0, n.gpus_allocatable - n.gpus_requested) for n in nodes if n.exists and n.ready)
+    free_nodes = sum(1 for n in nodes if n.exists and n.ready and n.gpus_allocatable > 0 and n.gpus_requested == 0)
     held: dict[str, int] = {}
     for n in nodes:
         if n.exists and n.ready:
             for workload, gpus in n.gpus_by_workload:
                 held[workload] = held.get(workload, 0) + gpus
     return RackView(nodes=tuple(nodes), expected_clique=expected_clique, cliques=cliques,
-                    mismatches=tuple(problems), free_gpus=free, held_gpus=held)
+                    mismatches=tuple(problems), free_gpus=free, free_nodes=free_nodes, held_gpus=held)
 
 
 def _requested(pods: Iterable[Pod], resource: str) -> int:

@@ -16,6 +16,15 @@ server-side apply of each Node's metadata and spec.taints under the rack's own f
 A Node's taint list is one atomic field: the rack's taints replace the list, so declare every
 taint a rack's nodes should carry (the kubelet's and the node controller's own taints come back
 by themselves).
+
+Hot spares (issue 51): GB200 operators run a rack's jobs on 16 of its 18 trays and keep 2 free to
+replace a lost tray. `spares=2` says so: it is written on each of the rack's Nodes as
+`nvlfabric.io/spares: "2"` (nothing is written for 0, the default), and the controller keeps that
+many of the clique's nodes free of new ComputeDomains, placing only replacements of a running
+domain's lost members (and growing domains) there. It is a count, not named nodes: any fully free
+node of the clique is a spare. `kubectl get nodes -L nvlfabric.io/spares` shows it per node; the
+rack's outputs `spares` and `free_nodes` (its nodes fully free now) sit beside `free_gpus`, and the
+preview report's rack table has a spares column once a rack declares any.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final, Literal
 
 import pulumi
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from nvlfabric.api.names import (
     DNS_LABEL,
@@ -35,6 +44,7 @@ from nvlfabric.api.names import (
     GPUS_PER_NODE,
     NODES_PER_CLIQUE,
     RACK_LABEL,
+    SPARES_LABEL,
     is_dns_subdomain,
 )
 from nvlfabric.clusterview import racks
@@ -82,12 +92,19 @@ class Nvl72RackArgs(BaseModel):
     expected_clique: str | None = Field(None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
                                         description="<clusterUuid>.<cliqueId> the rack's trays should report "
                                                     "(a label value of at most 63 characters), or None")
-    label_nodes: bool = Field(True, description="label the rack's Nodes (nvlfabric.io/rack, expected clique)")
+    label_nodes: bool = Field(True, description="label the rack's Nodes (nvlfabric.io/rack, expected clique, "
+                                                "spares)")
     taints: list[Taint] = Field(default_factory=list, description="taints for the rack's Nodes, e.g. "
                                 "[{key: nvidia.com/gpu, value: present, effect: NoSchedule}] (they replace the "
                                 "Nodes' taint lists; needs label_nodes)")
+    spares: int = Field(0, ge=0, le=NODES_PER_CLIQUE - 1,
+                        description=f"how many of the rack's nodes to keep free as hot spares for replacements of "
+                                    f"lost members of running ComputeDomains (new domains are not placed on them; "
+                                    f"any fully free node counts), 0..{NODES_PER_CLIQUE - 1} and fewer than the "
+                                    f"rack's nodes, e.g. 2 of 18; written on the Nodes as {SPARES_LABEL} (needs "
+                                    f"label_nodes)")
     observe: bool = Field(True, description="read the rack's Nodes at preview and up: discovered cliques, "
-                                            "mismatches, free GPUs")
+                                            "mismatches, free GPUs and nodes")
     gpu_resource: str = Field(GPU_RESOURCE, description="the resource name free GPUs are counted in")
 
     @field_validator("nodes")
@@ -105,6 +122,19 @@ class Nvl72RackArgs(BaseModel):
             raise ValueError("two taints with the same key and effect")
         return taints
 
+    @model_validator(mode="after")
+    def _spares_fit(self) -> Nvl72RackArgs:
+        # (each message names `spares` first: that is the field the error is reported under)
+        if self.spares >= len(self.nodes):
+            raise ValueError(f"spares {self.spares} would keep every one of the rack's {len(self.nodes)} node(s) "
+                             "free, and no new ComputeDomain could be placed on the rack: declare fewer spares than "
+                             f"nodes (at most {len(self.nodes) - 1} here), or 0")
+        if self.spares and not self.label_nodes:
+            raise ValueError(f"spares {self.spares} is written on the rack's Nodes ({SPARES_LABEL}), the one place "
+                             "the controller reads it, and label_nodes=False writes nothing there: set label_nodes="
+                             "True (the default), or leave spares at 0")
+        return self
+
 
 class Nvl72Rack(pulumi.ComponentResource):
     """One NVL72 rack: up to 18 nodes x 4 GPUs on one NVLink fabric."""
@@ -115,16 +145,18 @@ class Nvl72Rack(pulumi.ComponentResource):
     discovered_cliques: pulumi.Output[dict[str, str | None] | None]
     clique_mismatches: pulumi.Output[list[str] | None]
     free_gpus: pulumi.Output[int | None]
+    spares: pulumi.Output[int]
+    free_nodes: pulumi.Output[int | None]
 
     def __init__(self, resource_name: str, *, nodes: list[str], name: str | None = None,
                  expected_clique: str | None = None, label_nodes: bool = True,
-                 taints: list[dict[str, str]] | None = None, observe: bool = True,
+                 taints: list[dict[str, str]] | None = None, spares: int = 0, observe: bool = True,
                  gpu_resource: str = GPU_RESOURCE, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
         self.args = validate(Nvl72RackArgs, "Nvl72Rack", resource_name, {
             "name": name if name is not None else resource_name, "nodes": nodes,
             "expected_clique": expected_clique, "label_nodes": label_nodes, "taints": taints or [],
-            "observe": observe, "gpu_resource": gpu_resource}, unknown)
+            "spares": spares, "observe": observe, "gpu_resource": gpu_resource}, unknown)
         super().__init__("nvlfabric:index:Nvl72Rack", resource_name, None, opts)
         a = self.args
         view = self._observe() if a.observe else None
@@ -148,6 +180,8 @@ class Nvl72Rack(pulumi.ComponentResource):
             node_labels = {RACK_LABEL: a.name}
             if a.expected_clique:
                 node_labels[EXPECTED_CLIQUE_LABEL] = a.expected_clique
+            if a.spares:  # none for 0: a rack without spares applies what it did before
+                node_labels[SPARES_LABEL] = str(a.spares)
             # One resource for the rack's nodes, not a NodePatch per node: see provider/racknodes.py.
             labelled = RackNodesArgs(rack=a.name, manager=racknodes.field_manager(resource_name),
                                      nodes=[n for n in a.nodes if n not in missing], labels=node_labels,
@@ -161,11 +195,14 @@ class Nvl72Rack(pulumi.ComponentResource):
         self.discovered_cliques = pulumi.Output.from_input(view.cliques if view else None)
         self.clique_mismatches = pulumi.Output.from_input(list(view.mismatches) if view else None)
         self.free_gpus = pulumi.Output.from_input(view.free_gpus if view else None)
+        self.spares = pulumi.Output.from_input(a.spares)
+        self.free_nodes = pulumi.Output.from_input(view.free_nodes if view else None)
         capacity.declare(capacity.DeclaredRack(a.name, len(a.nodes) * GPUS_PER_NODE, view.free_gpus if view else None,
-                                               view.held_gpus if view else {}))
+                                               view.held_gpus if view else {}, spare_gpus=a.spares * GPUS_PER_NODE))
         self.register_outputs({"nodes": self.nodes, "gpus": self.gpus, "expected_clique": self.expected_clique,
                                "discovered_cliques": self.discovered_cliques,
-                               "clique_mismatches": self.clique_mismatches, "free_gpus": self.free_gpus})
+                               "clique_mismatches": self.clique_mismatches, "free_gpus": self.free_gpus,
+                               "spares": self.spares, "free_nodes": self.free_nodes})
 
     def _observe(self) -> racks.RackView | None:
         """Read the rack's Nodes now; a cluster that cannot be read is a warning, not a failure."""

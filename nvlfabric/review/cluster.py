@@ -10,12 +10,13 @@ from lightkube.resources.core_v1 import Node, Pod
 from nvlfabric.api.names import COMPUTE_DOMAIN_LABEL, GPU_RESOURCE, RACK_LABEL, WORKLOAD_LABEL
 from nvlfabric.clusterview import racks
 from nvlfabric.kube.errors import api_call
-from nvlfabric.review.impact import Facts
+from nvlfabric.review.impact import Facts, spares_of
 
 
 def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: str = GPU_RESOURCE) -> Facts:
     """Running pods per domain and per workload (by nvlfabric's labels on them), and per rack its
-    Nodes' GPUs and the free ones (as the rack component counts them at preview). The racks are
+    Nodes' GPUs and the free ones (as the rack component counts them at preview) and its spares (the
+    largest nvlfabric.io/spares on its Nodes, as the controller reads a clique's). The racks are
     the cluster's (Nodes labelled nvlfabric.io/rack: a preview lists only the racks it changes)
     and `rack_nodes`, those the preview declares anew."""
     by_domain: dict[tuple[str, str], int] = {}
@@ -43,8 +44,11 @@ def read(client: Client, rack_nodes: Mapping[str, Sequence[str]], gpu_resource: 
     # per rack, which grows with the fleet (docs/architecture.md, What the fleet runs taught us).
     everyone = sorted({n for nodes in racked.values() for n in nodes})
     seen = dict(zip(everyone, racks.observe(client, everyone, gpu_resource=gpu_resource, known=listed), strict=True))
-    gpus = {}
+    gpus, spares = {}, {}
     for rack, nodes in sorted(racked.items()):
         view = racks.summarize([seen[n] for n in nodes], None)
         gpus[rack] = (len(nodes), sum(n.gpus_allocatable for n in view.nodes if n.exists), view.free_gpus)
-    return Facts(running_by_domain=by_domain, running_by_workload=by_workload, rack_gpus=gpus)
+        if most := max((spares_of(meta.labels) for n in nodes if n in listed and (meta := listed[n].metadata)),
+                       default=0):
+            spares[rack] = most
+    return Facts(running_by_domain=by_domain, running_by_workload=by_workload, rack_gpus=gpus, rack_spares=spares)

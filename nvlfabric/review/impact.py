@@ -6,7 +6,8 @@
 - **Workloads**: each bound workload (the Job, StatefulSet, JobSet or LeaderWorkerSet of a
   BoundJob) with its pods and GPUs, and for a replace or delete its running pods.
 - **Capacity**: per declared rack (its Nodes, from the rack's node-labelling step) its GPUs and the
-  free ones (from the cluster), against the GPUs of the workloads the preview creates or replaces.
+  free ones (from the cluster), against the GPUs of the workloads the preview creates or replaces,
+  and its hot spares (`nvlfabric.io/spares`: the preview's declaration, else its Nodes' labels).
 - **Warnings** the components logged (capacity shortfalls, racks whose nodes disagree), and errors.
 
 Without the cluster the facts are unknown, and the report says so instead of guessing.
@@ -19,7 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvlfabric.api.names import COMPUTE_DOMAIN_TYPES, GPU_RESOURCE, RACK_LABEL, RACK_NODES_TYPES, WORKLOAD_LABEL
+from nvlfabric.api.names import (
+    COMPUTE_DOMAIN_TYPES,
+    GPU_RESOURCE,
+    RACK_LABEL,
+    RACK_NODES_TYPES,
+    SPARES_LABEL,
+    WORKLOAD_LABEL,
+)
 from nvlfabric.review.preview import REPLACE_OPS, Preview, Step
 
 DOMAIN_TYPES = frozenset(COMPUTE_DOMAIN_TYPES)
@@ -42,6 +50,8 @@ class Facts:
     """(namespace, workload) → Running pods labelled nvlfabric.io/workload=<workload>."""
     rack_gpus: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     """rack → (its Nodes, GPUs allocatable on them, free of those)."""
+    rack_spares: Mapping[str, int] = field(default_factory=dict)
+    """rack → the spares its Nodes' nvlfabric.io/spares labels say (the largest), for racks with any."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,10 @@ class RackRow:
     nodes: int
     gpus: int | None
     free_gpus: int | None
+    spares: int = 0
+    """Nodes kept free for replacements (nvlfabric.io/spares), as the preview leaves it."""
+    spares_before: int | None = None
+    """What it was, when the preview changes it (None: unchanged, or a new rack)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,35 @@ def declared_racks(preview: Preview) -> dict[str, list[str]]:
     return racks
 
 
+def spares_of(labels: Mapping[str, Any] | None) -> int:
+    """A rack's spares from its labels (0 without the label, or with one that is not a count)."""
+    try:
+        return max(0, int(str((labels or {}).get(SPARES_LABEL, 0))))
+    except ValueError:
+        return 0
+
+
+def declared_spares(preview: Preview) -> dict[str, tuple[int, int | None]]:
+    """Rack → (its spares after the preview, before it when the preview changes them), for the racks
+    whose node labelling the preview lists."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for s in preview.steps:
+        if RACK not in s.parent_types or s.op == "delete" or s.type not in RACK_NODES_TYPES:
+            continue
+        labels = s.state.inputs.get("labels") or {}
+        rack = labels.get(RACK_LABEL)
+        if not rack:
+            continue
+        now = spares_of(labels)
+        before = spares_of(s.old_state.inputs.get("labels")) if s.old_state is not None else None
+        out[str(rack)] = (now, before if before is not None and before != now else None)
+    return out
+
+
+def _rack_row(name: str, gpus: tuple[int, int | None, int | None], spares: tuple[int, int | None]) -> RackRow:
+    return RackRow(name, *gpus, spares=spares[0], spares_before=spares[1])
+
+
 def build(preview: Preview, facts: Facts | None) -> Report:
     known = facts is not None
     f = facts or Facts()
@@ -187,7 +230,8 @@ def build(preview: Preview, facts: Facts | None) -> Report:
             kind = s.type.rsplit(":", 1)[-1]
             scoped = f"{ns}/{name}" if (s.state.inputs.get("metadata") or {}).get("namespace") else name
             others.append(OtherChange(f"{kind} {scoped}", op, tuple(s.changed_fields()) if op != "create" else ()))
-    rows = tuple(RackRow(name, *f.rack_gpus[name]) if name in f.rack_gpus else RackRow(name, len(nodes), None, None)
+    spares = {r: (n, None) for r, n in f.rack_spares.items()} | declared_spares(preview)
+    rows = tuple(_rack_row(name, f.rack_gpus.get(name, (len(nodes), None, None)), spares.get(name, (0, None)))
                  for name, nodes in sorted({**{r: [] for r in f.rack_gpus}, **racks}.items()))
     warnings = tuple(dict.fromkeys((_who(d.urn), d.message.strip().removeprefix("warning: "))
                                    for d in preview.diagnostics if d.severity == "warning"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from nvlfabric.api.names import GPUS_PER_NODE
 from nvlfabric.review.impact import Report
 
 MAX_OTHERS = 12
@@ -47,14 +48,25 @@ def render(report: Report, *, title: str = "nvlfabric preview") -> str:
         lines += [f"| {_cell(o.what)} | {OP_MARK.get(o.op, o.op)} | {_cell(', '.join(o.reasons))} |" for o in shown]
         if len(report.others) > len(shown):
             lines.append(f"| … and {len(report.others) - len(shown)} more | | |")
-    if report.racks and (report.asked_gpus or any(w.op in ("create", "replace") for w in report.workloads)):
+    spares_changed = any(r.spares_before is not None for r in report.racks)
+    if report.racks and (report.asked_gpus or spares_changed
+                         or any(w.op in ("create", "replace") for w in report.workloads)):
         total_free = sum(r.free_gpus for r in report.racks if r.free_gpus is not None)
         known = all(r.free_gpus is not None for r in report.racks)
+        # The spares column only where a rack has or had some: a fleet without spares reads as before.
+        with_spares = spares_changed or any(r.spares for r in report.racks)
         lines += ["", f"GPUs asked by new or replaced workloads: **{report.asked_gpus}**, free on the racks: "
-                      f"**{total_free if known else '?'}**", "", "| rack | nodes | GPUs | free GPUs |",
-                  "|---|---|---|---|"]
+                      f"**{total_free if known else '?'}**", "",
+                  "| rack | nodes | GPUs | free GPUs |" + (" spare nodes |" if with_spares else ""),
+                  "|---|---|---|---|" + ("---|" if with_spares else "")]
         for r in report.racks:
-            lines.append(f"| {r.name} | {r.nodes} | {_n(r.gpus)} | {_n(r.free_gpus)} |")
+            spares = (f" {r.spares_before} → {r.spares} |" if r.spares_before is not None else f" {r.spares} |") \
+                if with_spares else ""
+            lines.append(f"| {r.name} | {r.nodes} | {_n(r.gpus)} | {_n(r.free_gpus)} |{spares}")
+        if with_spares:
+            lines += ["", "_Spare nodes (nvlfabric.io/spares) are kept free for replacements of running "
+                          "ComputeDomains' lost members: no new domain is placed on them, so of the free GPUs, "
+                          f"{GPUS_PER_NODE} per spare node are not for new workloads._"]
     if report.warnings:
         lines += ["", "**Warnings**", ""]
         lines += [f"- {_cell(who + ': ' if who else '')}{_cell(msg)}" for who, msg in report.warnings]

@@ -641,3 +641,8 @@ def test_preview_says_when_a_job_needs_more_racks_or_free_gpus_than_declared() -
     running = [DeclaredRack("rack-0", 72, 0, {"ml/j": 72}), DeclaredRack("rack-1", 72, 40, {"ml/j": 32})]
     assert shortfall("j", groups=2, pods_per_group=18, gpus_per_pod=4, racks=running, namespace="ml") is None
     assert shortfall("other", groups=2, pods_per_group=18, gpus_per_pod=4, racks=running, namespace="ml")
+    # A rack's spares are not room for a new job: 16 trays of 18 with 2 spares fit, 17 do not.
+    spared = [DeclaredRack("rack-0", 72, 72, spare_gpus=8)]
+    assert shortfall("j", groups=1, pods_per_group=16, gpus_per_pod=4, racks=spared) is None
+    over = shortfall("j", groups=1, pods_per_group=17, gpus_per_pod=4, racks=spared)
+    assert over is not None and "rack-0 64, spares not counted" in over

@@ -9,11 +9,13 @@ Regenerate the Markdown after an intended change with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import ApiError
@@ -21,6 +23,7 @@ from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
+from nvlfabric.api.names import RACK_LABEL, SPARES_LABEL
 from nvlfabric.review import cluster as cluster_facts
 from nvlfabric.review import impact, markdown, preview
 from nvlfabric.review.impact import Facts
@@ -65,6 +68,44 @@ def test_a_delete_counts_the_domains_and_the_workloads_pods_once() -> None:
     assert "; **1 running pods disrupted**" in text
 
 
+def _rack_step(op: str, rack: str, spares: int, before: int | None) -> dict[str, Any]:
+    """A rack's node labelling step as `pulumi preview --json` lists it (spares 0: no label, as written)."""
+    def state(n: int) -> dict[str, Any]:
+        labels = {RACK_LABEL: rack} | ({SPARES_LABEL: str(n)} if n else {})
+        return {"type": "pulumi-python:dynamic/nvlfabric:RackNodes",
+                "inputs": {"rack": rack, "nodes": [f"{rack}-node-{i:02}" for i in range(8)], "labels": labels}}
+    step = {"op": op, "urn": f"urn:pulumi:dev::nvlfabric-dev::nvlfabric:index:Nvl72Rack$pulumi-python:dynamic/"
+                             f"nvlfabric:RackNodes::{rack}-nodes", "newState": state(spares)}
+    return step | ({"oldState": state(before)} if before is not None else {})
+
+
+def test_a_rack_whose_spares_change_is_listed_with_them() -> None:
+    """rack-0 declares 2 spares (an update of its labels), rack-1 keeps none: the rack table shows,
+    with a spares column saying what changes, although no workload changes."""
+    pv = preview.Preview.model_validate({"steps": [_rack_step("update", "rack-0", 2, 0),
+                                                   _rack_step("same", "rack-1", 0, 0)],
+                                         "changeSummary": {"update": 1, "same": 1}})
+    report = impact.build(pv, RUNNING)
+    assert [(r.name, r.spares, r.spares_before) for r in report.racks] == [("rack-0", 2, 0), ("rack-1", 0, None)]
+    text = markdown.render(report)
+    assert "| rack | nodes | GPUs | free GPUs | spare nodes |\n|---|---|---|---|---|\n" in text, text
+    assert "| rack-0 | 8 | 32 | 4 | 0 → 2 |\n| rack-1 | 8 | 32 | 32 | 0 |\n" in text, text
+    assert "no new domain is placed on them, so of the free GPUs, 4 per spare node are not for new workloads" in text
+    # Back to none: the column says so, and then is gone once no rack has any.
+    back = impact.build(preview.Preview.model_validate({"steps": [_rack_step("update", "rack-0", 0, 2)]}), RUNNING)
+    assert "| rack-0 | 8 | 32 | 4 | 2 → 0 |" in markdown.render(back)
+    unchanged = preview.Preview.model_validate({"steps": [_rack_step("same", "rack-0", 0, 0)]})
+    assert "spare" not in markdown.render(impact.build(unchanged, RUNNING))
+
+
+def test_the_spares_the_cluster_says_are_shown_beside_the_free_gpus() -> None:
+    """A rack the preview does not change: its spares from its Nodes' labels (Facts.rack_spares)."""
+    pv = preview.load((GOLDEN / "shortfall.json").read_text())
+    text = markdown.render(impact.build(pv, dataclasses.replace(RUNNING, rack_spares={"rack-1": 2})))
+    assert "| rack-0 | 8 | 32 | 4 | 0 |\n| rack-1 | 8 | 32 | 32 | 2 |\n" in text, text
+    # (racks without spares have no such column: the golden reports, test_a_real_preview_reads_as_the_golden_report)
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ("not json", "not JSON (Expecting value at line 1)"),
     ('{"resources": []}', "no 'steps' in the JSON"),
@@ -87,7 +128,8 @@ def test_the_report_reads_running_pods_and_rack_gpus_from_the_cluster(cluster: C
     client = cluster.client
     run = uuid.uuid4().hex[:5]
     rack, nodes = f"rack-{run}", [f"rpt-{run}-{i}" for i in range(2)]
-    make_ready_nodes(client, {n: {"nvlfabric.io/rack": rack} for n in nodes})
+    # Spares 2 and 1 on its Nodes (as two declarations left them): the rack's is the largest.
+    make_ready_nodes(client, {n: {"nvlfabric.io/rack": rack, SPARES_LABEL: str(2 - i)} for i, n in enumerate(nodes)})
     pod = f"eval-{run}"
     try:
         for n in nodes:
@@ -100,6 +142,7 @@ def test_the_report_reads_running_pods_and_rack_gpus_from_the_cluster(cluster: C
         client.patch(Pod.Status, pod, {"status": {"phase": "Running"}}, namespace="default")
         facts = cluster_facts.read(client, {})
         assert facts.running_by_domain[("default", "eval")] >= 1 and facts.rack_gpus[rack] == (2, 8, 4)
+        assert facts.rack_spares[rack] == 2
         kubeconfig = cluster.kubeconfig
         proc = subprocess.run([sys.executable, "-m", "nvlfabric.cli.main", "preview-report",
                                str(GOLDEN / "replace.json"), "--kubeconfig", str(kubeconfig)],
