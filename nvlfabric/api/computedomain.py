@@ -109,6 +109,13 @@ class PlacementScope(StrEnum):
     MULTI_CLIQUE = "MultiClique"
 
 
+class NodeLossPolicy(StrEnum):
+    """What the controller does with the domain's pods on a member node it lost."""
+
+    REPLACE = "Replace"
+    KEEP = "Keep"
+
+
 class Phase(StrEnum):
     """The ComputeDomain's lifecycle phase, as the controller reports it.
 
@@ -120,7 +127,8 @@ class Phase(StrEnum):
       are ready when `numNodes` is set.
     - `Degraded`: was Ready, and a member has since become not ready or left (fewer than
       `numNodes`), or a member node's NVLink fabric is unhealthy (`unhealthyNodes`, the
-      `FabricHealthy` condition); workloads already running may continue.
+      `FabricHealthy` condition), or a member node was lost and is not replaced yet (`lostNodes`,
+      reason `NodeLost`); workloads already running may continue.
     - `Failed`: the spec cannot be satisfied by the cluster and driver as they are, and no pod is
       let through: the driver does not allow its `imexMode`, the pinned clique does not exist, the
       cluster has fewer cliques or nodes than it asks for (judged once the domain is 30 s old), or
@@ -150,6 +158,21 @@ class ConditionType(StrEnum):
     CHANNEL_ALLOCATED = "ChannelAllocated"
     FABRIC_HEALTHY = "FabricHealthy"
     """False while a member node's agent reports its NVLink fabric unhealthy (naming the nodes)."""
+    NODES_AVAILABLE = "NodesAvailable"
+    """False while the domain has lost member nodes (status.lostNodes): which, why, and what the
+    controller does about it (replacing their pods, or waiting for a free node)."""
+
+
+class LostReason(StrEnum):
+    """Why a member node counts as lost (status.lostNodes[].reason)."""
+
+    NODE_NOT_READY = "NodeNotReady"
+    """The Node's Ready condition is False or Unknown (its kubelet stopped posting status)."""
+    NODE_DELETED = "NodeDeleted"
+    """The Node object is gone."""
+    FABRIC_UNHEALTHY = "FabricUnhealthy"
+    """Its agent reports the NVLink fabric unhealthy, the domain's nodeLossPolicy is Replace, and a
+    node of the clique is free to take its pods (else they keep running there, told)."""
 
 
 def _immutable(field: str, why: str) -> JsonDict:
@@ -335,6 +358,20 @@ class ComputeDomainSpec(_Spec):
                     f"named '<ComputeDomain name>{CHANNEL_CLAIM_SUFFIX}'. Immutable.",
     )
 
+    node_loss_policy: NodeLossPolicy | None = Field(
+        None, alias="nodeLossPolicy",
+        description="What happens to the pods on a member node that is lost: NotReady (its kubelet stopped posting "
+                    "status), deleted, or with an unhealthy NVLink fabric. Replace (default): each of this "
+                    "ComputeDomain's pods there is failed as disrupted (condition DisruptionTarget, reason "
+                    "DeletionByNvlfabric) and deleted, so that its workload (a BoundJob's Job or JobSet, a "
+                    "StatefulSet) replaces it (on an unhealthy fabric only while a node of the clique is free: a "
+                    "degraded fabric is slower, not gone); the replacement joins in the same clique, on the same "
+                    "claim and channel, on a free node (a rack's spares), and the other members are not touched. "
+                    "Keep: the loss is told (status.lostNodes, the NodesAvailable condition, an Event), the pods are "
+                    "left to Kubernetes (a NotReady node's pods are evicted after their tolerationSeconds, 300 s by "
+                    "default). Unset means Replace (unset rather than defaulted, so that domains created before the "
+                    "field existed keep their spec as written). May be changed at any time.",
+    )
     imex_authentication: IMEXAuthentication | None = Field(
         None, alias="imexAuthentication",
         description="imexMode Dedicated only. TLS: the members' IMEX daemons authenticate and encrypt their links "
@@ -370,6 +407,11 @@ class ComputeDomainSpec(_Spec):
         return self
 
     @property
+    def loss_policy(self) -> NodeLossPolicy:
+        """nodeLossPolicy, Replace when unset."""
+        return self.node_loss_policy or NodeLossPolicy.REPLACE
+
+    @property
     def groups(self) -> int:
         """How many channel claims (cliques) the ComputeDomain has: 1 unless MultiClique."""
         return self.placement.cliques or 1
@@ -398,6 +440,21 @@ class NodeStatus(_Status):
         None, alias="imexIssuer", pattern=r"^[0-9a-f]{2,128}$",
         description="imexAuthentication TLS only: the key identifier (hex) of the authority that signed this "
                     "node's IMEX certificate; how the controller knows no member still uses a retiring one.")
+
+
+class LostNode(_Status):
+    """A member node the ComputeDomain lost, kept until it is replaced and, if it still holds the
+    domain's state, until it is back."""
+
+    name: str = Field(max_length=DNS_SUBDOMAIN_MAX, description="The Node name (the key of this list).")
+    reason: LostReason = Field(description="NodeNotReady, NodeDeleted or FabricUnhealthy.")
+    message: str = Field("", max_length=1024, description="What the Node says (its Ready or NVLinkFabricReady "
+                                                          "condition), or that it is gone.")
+    lost_at: AwareDatetime = Field(alias="lostAt", description="When the controller saw the loss (RFC 3339).")
+    ready_before: int = Field(
+        0, alias="readyBefore", ge=0, json_schema_extra={"format": "int32"},
+        description="Ready members the domain had when the node was lost, the lost one among them: the domain "
+                    "is healed once as many members are ready again (and numNodes, if set).")
 
 
 class GroupStatus(_Status):
@@ -499,9 +556,17 @@ class ComputeDomainStatus(_Status):
         description="Member nodes whose NVLink fabric their agent reports unhealthy (the Node condition "
                     "NVLinkFabricReady False: degraded, not registered, a GPU missing, NVML failing); the "
                     "FabricHealthy condition says why.")
+    lost_nodes: list[LostNode] = Field(
+        default_factory=list, alias="lostNodes", max_length=256,
+        description="Member nodes the domain lost (NotReady, deleted, or an unhealthy fabric under nodeLossPolicy "
+                    "Replace), kept until the domain is healed (as many members ready as before) and the node no "
+                    "longer holds its state; their entries are not in nodes meanwhile. The NodesAvailable "
+                    "condition says what is done about them.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Standard conditions, keyed by type: Ready, FabricHealthy.",
+        description="Standard conditions, keyed by type: Ready, FabricHealthy, NodesAvailable.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(

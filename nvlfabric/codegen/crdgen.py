@@ -165,6 +165,9 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "Member nodes."},
         {"name": "Unhealthy", "type": "string", "jsonPath": ".status.unhealthyNodes",
          "description": "Member nodes whose NVLink fabric is unhealthy (see the FabricHealthy condition)."},
+        {"name": "Lost", "type": "string", "jsonPath": ".status.lostNodes[*].name",
+         "description": "Member nodes the ComputeDomain lost (see status.lostNodes and the NodesAvailable "
+                        "condition)."},
         {"name": "IMEX", "type": "string", "jsonPath": ".spec.imexMode", "priority": 1,
          "description": "IMEX mode (kubectl get -o wide)."},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

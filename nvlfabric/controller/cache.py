@@ -55,6 +55,9 @@ class AgentNode:
     placement: dict[str, Any] = field(compare=False)
     """What placement reads of it (labels, taints, schedulability, conditions, allocatable)."""
     rv: str = ""
+    down: str | None = None
+    """Why its Ready condition is not True (False or Unknown: the kubelet stopped posting status);
+    None while it is."""
 
 
 def agent_node(obj: Any) -> AgentNode:
@@ -66,9 +69,14 @@ def agent_node(obj: Any) -> AgentNode:
     unhealthy = None
     if cond is not None and cond.get("status") == "False":
         unhealthy = f"{cond.get('reason')}: {cond.get('message')}" if cond.get("message") else str(cond.get("reason"))
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    down = None
+    if ready is not None and ready.get("status") != "True":
+        down = f"Ready {ready.get('status')}: {ready.get('reason')}" + (
+            f": {ready.get('message')}" if ready.get("message") else "")
     reports = tuple((r.namespace, r.name, r.entry.model_copy(update={"name": name}))
                     for r in node_reports(meta.get("annotations")))
-    return AgentNode(name=name, clique=labels.get(names.CLIQUE_LABEL), unhealthy=unhealthy, reports=reports,
+    return AgentNode(name=name, clique=labels.get(names.CLIQUE_LABEL), unhealthy=unhealthy, down=down, reports=reports,
                      placement={"metadata": {"name": name, "labels": labels},
                                 "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
                                 "status": {"conditions": status.get("conditions") or [],

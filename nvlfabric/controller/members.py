@@ -42,6 +42,7 @@ class Members:
         self._version: dict[DomainKey, int] = {}
         self._sorted: dict[DomainKey, tuple[int, list[api.NodeStatus]]] = {}
         self._unhealthy: dict[str, str] = {}
+        self._down: dict[str, str] = {}
         self._cliques: dict[str, int] = {}
         self._tick = itertools.count(1)
         nodes.listen(self._changed)
@@ -67,7 +68,11 @@ class Members:
             sick_before = self._unhealthy.pop(name, None)
             if new is not None and new.unhealthy is not None:
                 self._unhealthy[name] = new.unhealthy
-            health_changed = sick_before != (new.unhealthy if new is not None else None)
+            down_before = self._down.pop(name, None)
+            if new is not None and new.down is not None:
+                self._down[name] = new.down
+            health_changed = (sick_before, down_before) != ((new.unhealthy, new.down) if new is not None
+                                                            else (None, None))
             was = {(ns, n): e for ns, n, e in before.reports} if before is not None else {}
             now = {(ns, n): e for ns, n, e in new.reports} if new is not None else {}
             for domain in was.keys() | now.keys():
@@ -110,6 +115,16 @@ class Members:
         """Node name → why its agent reports the NVLink fabric unhealthy (sick nodes only)."""
         with self._lock:
             return dict(self._unhealthy)
+
+    def down(self) -> dict[str, str]:
+        """Node name → why its Ready condition is not True (down nodes only)."""
+        with self._lock:
+            return dict(self._down)
+
+    def known(self) -> frozenset[str]:
+        """The agent Nodes that exist (as the Node informer holds them)."""
+        with self._lock:
+            return frozenset(self._nodes)
 
     def cliques(self) -> dict[str, int]:
         """Clique → agent Nodes labelled with it."""

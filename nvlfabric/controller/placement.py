@@ -18,6 +18,10 @@ one just after another, never count the same free node. Choice: the fitting cliq
 room left (best fit keeps whole racks free for whole-rack groups), ties by name. A job of several
 groups (one claim per group) is placed all or nothing: each group in a clique of its own, or none.
 
+Spares: a clique whose Nodes carry `nvlfabric.io/spares=N` (an Nvl72Rack's `spares`) keeps N of
+its idle nodes out of a new group's room, so they stay free for replacements of lost members;
+pods joining a placed domain (reservations.py, `Placer.joiners`) may use them.
+
 Known approximation: room is counted per node for the group's own pod size; a placed group of
 another pod size holds `ceil(its GPUs / g)` of the other's slots.
 """
@@ -28,7 +32,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nvlfabric.api.names import CLIQUE_LABEL, GPU_RESOURCE, MAX_PODS_PER_CLAIM
+from nvlfabric.api.names import CLIQUE_LABEL, GPU_RESOURCE, MAX_PODS_PER_CLAIM, SPARES_LABEL
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class NodeRoom:
     clique: str
     free_gpus: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    idle: bool = False
+    """No unfinished pod holds a GPU on it: a spare, if its clique keeps some."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class NoRoom:
     """How many of them found a clique before this one did not."""
     exhausted: tuple[str, ...] = ()
     """Cliques with room for the group whose channel pool has no channel left."""
+    spares: int = 0
+    """Idle nodes the best clique keeps as spares (not counted in its room)."""
 
     @property
     def reason(self) -> str:
@@ -92,8 +100,10 @@ class NoRoom:
                     "channel there is freed (a ComputeDomain deleted), or raise NvlfabricDriver channels_per_clique")
         if self.best_clique is None:
             return f"{job}no NVLink clique with a free channel and a schedulable node for {want}"
+        kept = (f" ({self.spares} idle node{'s' if self.spares > 1 else ''} kept there as spares for replacements, "
+                "Nvl72Rack spares)" if self.spares else "")
         return (f"{job}no NVLink clique has room for {want}: the most is {self.best_room} such pods, in clique "
-                f"{self.best_clique}; the pods stay gated until a clique has room")
+                f"{self.best_clique}{kept}; the pods stay gated until a clique has room")
 
 
 def slots(nodes: Iterable[NodeRoom], gpus_per_pod: int, selector: Mapping[str, str] | None = None) -> int:
@@ -115,9 +125,32 @@ def held(reserved: Iterable[Reserved], clique: str, gpus_per_pod: int) -> int:
     return total
 
 
+def spares(nodes: Iterable[NodeRoom]) -> int:
+    """How many idle nodes a clique keeps as spares: the largest SPARES_LABEL over its nodes."""
+    out = 0
+    for n in nodes:
+        try:
+            out = max(out, int(n.labels.get(SPARES_LABEL, "0")))
+        except ValueError:
+            continue
+    return out
+
+
+def without_spares(nodes: Sequence[NodeRoom]) -> list[NodeRoom]:
+    """One clique's nodes a new group may use: all but its spares (that many of its idle nodes,
+    the last by name, so the same ones stay free pass after pass)."""
+    keep = spares(nodes)
+    if keep <= 0:
+        return list(nodes)
+    idle = sorted((n for n in nodes if n.idle), key=lambda n: n.name)[-keep:]
+    kept = {n.name for n in idle}
+    return [n for n in nodes if n.name not in kept]
+
+
 def room(clique: str, nodes: Sequence[NodeRoom], reserved: Iterable[Reserved], group: Group) -> int:
-    return slots((n for n in nodes if n.clique == clique), group.gpus_per_pod, group.node_selector) - held(
-        reserved, clique, group.gpus_per_pod)
+    """The pods of `group` the clique still takes: its nodes but the spares, less the room held."""
+    return slots(without_spares([n for n in nodes if n.clique == clique]), group.gpus_per_pod,
+                 group.node_selector) - held(reserved, clique, group.gpus_per_pod)
 
 
 def place(groups: Sequence[Group], nodes: Sequence[NodeRoom], free_channels: Mapping[str, int],
@@ -148,8 +181,9 @@ def place(groups: Sequence[Group], nodes: Sequence[NodeRoom], free_channels: Map
             exhausted = tuple(c for c, members in sorted(in_clique.items())
                               if channels.get(c, 0) <= 0 and c not in taken and g.clique in (None, c)
                               and room(c, members, held_in.get(c, ()), g) >= g.pods)
+            kept = min(spares(in_clique[best[1]]), sum(1 for n in in_clique[best[1]] if n.idle)) if best else 0
             return NoRoom(g, best[1] if best else None, max(0, best[0]) if best else 0, len(groups), len(out),
-                          exhausted)
+                          exhausted, kept)
         _, chosen = min(fitting)
         out[g.key] = chosen
         taken.add(chosen)
@@ -199,11 +233,12 @@ def rooms_of(nodes: Iterable[Mapping[str, object]], used: Mapping[str, int],
                 not _tolerated(t, tolerations) for t in taints):
             continue
         alloc = (status.get("allocatable") or {}).get(GPU_RESOURCE, "0")
+        taken = used.get(str(meta.get("name")), 0)
         try:
-            free = int(str(alloc)) - used.get(str(meta.get("name")), 0)
+            free = int(str(alloc)) - taken
         except ValueError:
             free = 0
-        out.append(NodeRoom(str(meta.get("name")), str(clique), free, dict(labels)))
+        out.append(NodeRoom(str(meta.get("name")), str(clique), free, dict(labels), idle=taken == 0 and free > 0))
     return out
 
 

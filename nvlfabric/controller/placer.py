@@ -146,6 +146,44 @@ class Placer:
                              g.gpus_per_pod, got[g.key])
             return {**done, **got}
 
+    def joiners(self, releases: Sequence[tuple[Any, str | None]]) -> list[tuple[Any, str | None]]:
+        """Of the gates about to lift, those of pods joining a domain already placed and running (a
+        replacement of a lost member, a domain grown) only where their clique has a node for them,
+        spares included: a lifted pod with no node would wait Pending, and a pod that names an
+        allocated claim cannot go anywhere else. The others stay gated, holding no GPU, with a
+        Warning Event `WaitingForNode` on them and on their claim; every pass looks again."""
+        state = self.state
+        out: list[tuple[Any, str | None]] = []
+        joining: dict[Key, list[Any]] = {}
+        with state.lock:
+            for p, clique in releases:
+                key = next(((p.namespace, c) for c in sorted(p.claims) if (p.namespace, c) not in state.placed
+                            and (st := state.claims.get((p.namespace, c))) is not None and st.allocated and st.ours
+                            and st.clique), None)
+                if clique is not None or key is None or p.gpus <= 0:
+                    out.append((p, clique))
+                else:
+                    joining.setdefault(key, []).append(p)
+            inflight = {k: sum(1 for u in state.pods.users(k) if not u.gated) for k in joining}
+            cliques = {k: state.claims[k].clique for k in joining}
+        if not joining:
+            return out
+        try:
+            nodes, used = cluster_use(self.cache)
+        except errors.ApiStatusError as exc:
+            log.warning("%s; joining pods wait for the next pass", exc)
+            return out
+        for key, pods in sorted(joining.items()):
+            pods.sort(key=lambda p: (p.created, p.name))
+            first = pods[0]
+            rooms = [r for r in placement.rooms_of(nodes, used, [dict(t) for t in first.tolerations])
+                     if r.clique == cliques[key]]
+            left = placement.slots(rooms, first.gpus, dict(first.node_selector)) - inflight[key]
+            out.extend((p, None) for p in pods[:max(0, left)])
+            for p in pods[max(0, left):]:
+                self.no_room.waiting(key, p, str(cliques[key]))
+        return out
+
     def is_channel_claim(self, namespace: str, name: str) -> bool:
         """Whether claim namespace/name is a ComputeDomain's channel claim (as the claim watch shows it)."""
         with self.state.lock:
@@ -261,6 +299,24 @@ class NoRoomEvents:
     def forget(self, key: Key) -> None:
         """The claim was placed, or is gone: its next no-room is news."""
         self._said.pop(key, None)
+
+    def waiting(self, key: Key, pod: Any, clique: str) -> None:
+        """A pod joining its placed domain finds no node in its clique: `WaitingForNode` on it and its claim."""
+        message = (f"pod {pod.name} joins ComputeDomain claim {key[1]} in clique {clique}, and no node there has "
+                   f"{pod.gpus} free GPUs for it: it stays gated, holding no GPU, until one has (a rack's spare, a "
+                   "node back, or a job finished); it never goes to another clique")
+        said = (key[0], f"pod/{pod.uid}")  # a pod's own entry beside its claim's
+        last = self._said.get(said)
+        if last is not None and time.monotonic() - last[1] < NO_ROOM_EVENT_S:
+            return
+        self._said[said] = (message, time.monotonic())
+        log.warning("claim %s/%s: %s", *key, message)
+        with self.state.lock:
+            claim = self.state.claims.get(key)
+        targets = (("Pod", "v1", pod.name, pod.uid),
+                   ("ResourceClaim", "resource.k8s.io/v1", key[1], claim.uid if claim else ""))
+        for kind, api_version, name, uid in targets:
+            event(self.client, key[0], kind, api_version, name, uid, "WaitingForNode", message)
 
     def say(self, key: Key, why: placement.NoRoom) -> None:
         message = why.message()

@@ -47,7 +47,7 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import events, feasibility, imexauth, pools, quota, strayclaims
+from nvlfabric.controller import events, feasibility, imexauth, lostpods, nodeloss, placement, pools, quota, strayclaims
 from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.members import Members
@@ -112,27 +112,37 @@ def summarize(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, gene
               allocation: tuple[str, int] | None, *, port_slot: int | None = None, now: Any = None,
               unhealthy: Mapping[str, str] | None = None,
               groups: Sequence[tuple[str, tuple[str, int] | None]] | None = None,
-              blocked: tuple[api.Phase, str, str] | None = None) -> dict[str, Any]:
+              blocked: tuple[api.Phase, str, str] | None = None,
+              loss: tuple[Sequence[api.LostNode], bool, str] | None = None) -> dict[str, Any]:
     """The controller-owned status fields for one domain (pure). `unhealthy`: Node name → why its
     agent reports the NVLink fabric unhealthy (its NVLinkFabricReady condition), for every node.
     `groups`: a MultiClique domain's claims with their allocations, in group order (then
     `allocation` is ignored: the domain has a channel once every group has one). `blocked`:
     phase, reason and message while the domain has no channel and cannot get one now
-    (nvlfabric/controller/feasibility.py)."""
+    (nvlfabric/controller/feasibility.py). `loss`: the lost nodes, whether the domain is healed,
+    and what is done about them (nodeloss.py); `status.nodes` then holds the members that are not lost."""
     nodes = status.nodes
+    lost, healed, loss_message = loss if loss is not None else ((), True, "")
     dedicated = spec.imex_mode is api.IMEXMode.DEDICATED
     sick = [(n.name, (unhealthy or {})[n.name]) for n in nodes if n.name in (unhealthy or {})]
     placed = sum(1 for _, a in groups if a is not None) if groups is not None else None
     phase, reason, message = _phase(spec, status, allocation, port_slot=port_slot, sick=sick, groups=groups,
                                     placed=placed, blocked=blocked)
+    if lost and not healed and phase is not api.Phase.FAILED:
+        was_ready = status.phase in (api.Phase.READY, api.Phase.DEGRADED)
+        phase, reason = (api.Phase.DEGRADED if was_ready else api.Phase.ALLOCATING), "NodeLost"
+        message = f"{sum(1 for n in nodes if n.ready)} of {len(nodes)} nodes ready; {loss_message}"
     out: dict[str, Any] = {
         "phase": phase.value, "readyNodes": sum(1 for n in nodes if n.ready), "totalNodes": len(nodes),
         "observedGeneration": generation,
         "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in
-                       _conditions(status, phase, reason, message, sick, generation=generation, now=now)],
+                       _conditions(status, phase, reason, message, sick, generation=generation, now=now,
+                                   lost=(lost, loss_message))],
     }
     if sick:
         out["unhealthyNodes"] = [name for name, _ in sick]
+    if lost:
+        out["lostNodes"] = [n.model_dump(mode="json", by_alias=True, exclude_none=True) for n in lost]
     if groups is not None:
         out["groups"], out["placedCliques"] = group_status(groups, nodes), placed
     elif allocation is not None:
@@ -186,9 +196,10 @@ def _phase(spec: api.ComputeDomainSpec, status: api.ComputeDomainStatus, allocat
 
 
 def _conditions(status: api.ComputeDomainStatus, phase: api.Phase, reason: str, message: str,
-                sick: Sequence[tuple[str, str]], *, generation: int, now: Any) -> tuple[api.Condition, api.Condition]:
-    """Ready and FabricHealthy, each keeping its transition time while its status (and for Ready,
-    its reason) stays."""
+                sick: Sequence[tuple[str, str]], *, generation: int, now: Any,
+                lost: tuple[Sequence[api.LostNode], str] = ((), "")) -> tuple[api.Condition, ...]:
+    """Ready, FabricHealthy and NodesAvailable, each keeping its transition time while its status
+    (and for Ready, its reason) stays."""
     cond = api.condition("Ready", api.ConditionStatus.TRUE if phase == api.Phase.READY else api.ConditionStatus.FALSE,
                          reason, message, generation=generation, now=now)
     old = next((c for c in status.conditions if c.type == "Ready"), None)
@@ -202,7 +213,15 @@ def _conditions(status: api.ComputeDomainStatus, phase: api.Phase, reason: str, 
     old_fabric = next((c for c in status.conditions if c.type == api.ConditionType.FABRIC_HEALTHY), None)
     if old_fabric is not None and old_fabric.status == fabric.status:
         fabric = fabric.model_copy(update={"last_transition_time": old_fabric.last_transition_time})
-    return cond, fabric
+    gone, why = lost
+    available = api.condition(
+        api.ConditionType.NODES_AVAILABLE, api.ConditionStatus.FALSE if gone else api.ConditionStatus.TRUE,
+        str(gone[0].reason) if gone else "NoNodeLost", why[:32768] if gone else "no member node is lost",
+        generation=generation, now=now)
+    old_available = next((c for c in status.conditions if c.type == api.ConditionType.NODES_AVAILABLE), None)
+    if old_available is not None and old_available.status == available.status:
+        available = available.model_copy(update={"last_transition_time": old_available.last_transition_time})
+    return cond, fabric, available
 
 
 def _key(cd: api.ComputeDomain) -> str:
@@ -242,7 +261,8 @@ ROTATION_EVENTS = {
 def write_status(client: Client, domains: Informer[DomainRecord], obj: Any, cd: api.ComputeDomain,
                  allocs: list[tuple[str, tuple[str, int] | None]], port_slot: int | None,
                  unhealthy: Mapping[str, str] | None = None, entries: Sequence[api.NodeStatus] = (),
-                 blocked: tuple[api.Phase, str, str] | None = None, auth: Mapping[str, str] | None = None) -> None:
+                 blocked: tuple[api.Phase, str, str] | None = None, auth: Mapping[str, str] | None = None,
+                 loss: tuple[Sequence[api.LostNode], bool, str] | None = None) -> None:
     """Write one domain's summary status (server-side apply under the controller's field manager),
     unless it says what the status says already; `domains` learns what was written at once."""
     name, namespace = cd.metadata.name, cd.metadata.namespace or "default"
@@ -254,13 +274,14 @@ def write_status(client: Client, domains: Informer[DomainRecord], obj: Any, cd: 
     generation = int((obj.metadata.generation if obj.metadata else None) or 0)
     multi = cd.spec.placement.cliques is not None
     summary = summarize(cd.spec, status, generation, allocs[0][1], port_slot=port_slot, unhealthy=unhealthy,
-                        groups=allocs if multi else None, blocked=blocked)
+                        groups=allocs if multi else None, blocked=blocked, loss=loss)
     summary["nodes"] = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in entries]
     summary.update(auth or {})
     # unhealthyNodes is left out of a summary when empty (the apply then removes it): compare it too.
     if all(current.get(k) == v for k, v in summary.items() if k not in ("conditions", "nodes")) and \
             (current.get("nodes") or []) == summary["nodes"] and \
             (current.get("unhealthyNodes") or []) == summary.get("unhealthyNodes", []) and \
+            (current.get("lostNodes") or []) == summary.get("lostNodes", []) and \
             [(c.get("status"), c.get("reason"), c.get("message")) for c in current.get("conditions", [])] == \
             [(c["status"], c["reason"], c["message"]) for c in summary["conditions"]]:
         return
@@ -284,13 +305,13 @@ def write_status(client: Client, domains: Informer[DomainRecord], obj: Any, cd: 
 def poke_on_changes(cache: Informers, poke: threading.Event) -> None:
     """Poke the loop when what a summary reads changes, so a domain's summary follows within a
     debounce, not a full interval: any domain or claim change, and of the agents' Nodes only
-    their reports, clique and fabric health (a kubelet's status updates are not news)."""
+    their reports, clique, fabric health and readiness (a kubelet's status updates are not news)."""
     def any_change(kind: str, key: Any, old: Any, new: Any) -> None:
         poke.set()
 
     def node_change(kind: str, key: Any, old: AgentNode | None, new: AgentNode | None) -> None:
-        if old is None or new is None or (old.clique, old.unhealthy, old.reports) != \
-                (new.clique, new.unhealthy, new.reports):
+        if old is None or new is None or (old.clique, old.unhealthy, old.down, old.reports) != \
+                (new.clique, new.unhealthy, new.down, new.reports):
             poke.set()
 
     cache.domains.listen(any_change)
@@ -323,6 +344,8 @@ class Controller:
         """Clique → what its pool was last reconciled against: unchanged, it is not planned again."""
         self._domain_seen: dict[str, Any] = {}
         """Domain → the inputs of its last summary: unchanged, it is not summarised again."""
+        self._acted: set[tuple[str, str]] = set()
+        """(domain uid, node) of the lost nodes whose pods were failed, while they are lost."""
 
     def _owner(self) -> pools.Owner | None:
         if self._owner_read is not None and self.cache.nodes.watching and \
@@ -371,6 +394,8 @@ class Controller:
         seen: list[tuple[Any, api.ComputeDomain, list[tuple[str, tuple[str, int] | None]], tuple[str, ...]]] = []
         self.cache.nodes.sync()
         unhealthy, self.clique_nodes = self.members.unhealthy(), self.members.cliques()
+        down, known = self.members.down(), self.members.known()
+        free_nodes: dict[str, int] | None = None  # clique → nodes with a free GPU, read once a pass if needed
         claims = self.cache.claims.fresh()
         for (namespace, name), record in sorted(self.cache.domains.fresh().items()):
             cd = record.cd
@@ -391,6 +416,7 @@ class Controller:
             free_channels=free_channels((ch for rec in claims.values() for ch in rec.channels), self.channels))
         now = datetime.datetime.now(datetime.UTC)
         live, served = set(), set()
+        lost_now: set[tuple[str, str]] = set()
         tls: dict[str, imexauth.TlsDomain] = {}
         for obj, cd, allocs, claim_rvs in seen:
             key = _key(cd)
@@ -403,24 +429,45 @@ class Controller:
             except errors.NvlfabricError as exc:
                 log.warning("ComputeDomain %s: IMEX authority: %s", key, exc)
                 continue
+            status = cd.status or api.ComputeDomainStatus()
+            clique = allocs[0][1][0] if allocs[0][1] is not None and len(allocs) == 1 else None
+            sick = unhealthy
+            if unhealthy and any(m.name in unhealthy for m in members):
+                # A sick fabric is slower, not gone: its members move only where a node is free
+                # (a dead node's pods are lost anyway, and replaced when a node frees up).
+                if free_nodes is None:
+                    free_nodes = self._free_nodes()
+                sick = unhealthy if clique is not None and free_nodes.get(clique, 0) > 0 else {}
+            loss = nodeloss.judge(status, members, down=down, sick=sick, known=known,
+                                  policy=cd.spec.loss_policy, num_nodes=cd.spec.num_nodes, now=now)
+            free = None
+            if loss.lost and not loss.healed and clique is not None:
+                if free_nodes is None:
+                    free_nodes = self._free_nodes()
+                free = free_nodes.get(clique, 0)
+            told = nodeloss.describe(loss, policy=cd.spec.loss_policy, clique=clique, free_nodes=free)
             placed = sum(1 for _, a in allocs if a is not None)
             why = feasibility.verdict(cd.spec, inventory, placed) if placed < len(allocs) else None
             blocked = (feasibility.phase_of(why, _age_s(obj, now)), why.reason, why.message) if why else None
             # The members' version changes with their entries and their fabric health (members.py).
             inputs = ((obj.metadata.resourceVersion if obj.metadata else None), claim_rvs, blocked, slots.get(key),
-                      version, auth)
+                      version, auth, loss.key(), told)
+            self._replace_lost(obj, cd, loss, allocs)  # every pass until done: a failed try is tried again
+            lost_now.update((str(obj.metadata.uid if obj.metadata else ""), n.name) for n in loss.lost)
             if self._domain_seen.get(key) == inputs:
                 continue  # nothing it is summarised from changed since its last pass
             try:
                 with api_call(f"update the status of ComputeDomain {key}"):
-                    write_status(self.client, self.cache.domains, obj, cd, allocs, slots.get(key), unhealthy, members,
-                                 blocked, auth)
+                    write_status(self.client, self.cache.domains, obj, cd, allocs, slots.get(key), unhealthy,
+                                 loss.members, blocked, auth, loss=(loss.lost, loss.healed, told))
                 self._domain_seen[key] = inputs
+                self._after_loss(obj, cd, status, loss, told)
             except (errors.NvlfabricError, ValueError) as exc:
                 self._domain_seen.pop(key, None)
                 log.warning("ComputeDomain %s: %s", key, exc)
         for gone in self._domain_seen.keys() - live:
             del self._domain_seen[gone]
+        self._acted &= lost_now  # a node lost again later is acted on again
         self.members.forget(served)
         try:
             if tls:
@@ -430,6 +477,58 @@ class Controller:
                                 if r.obj is not None and r.obj.metadata is not None)
         except errors.NvlfabricError as exc:
             log.warning("IMEX certificates: %s", exc)
+
+    def _free_nodes(self) -> dict[str, int]:
+        """Clique → its Ready, schedulable, untainted agent Nodes with a free GPU (what a replacement needs)."""
+        used: dict[str, int] = {}
+        for node, gpus, finished in self.cache.bound_pods.fresh().values():
+            if not finished:
+                used[node] = used.get(node, 0) + gpus
+        out: dict[str, int] = {}
+        for room in placement.rooms_of([n.placement for n in self.cache.nodes.fresh().values() if n.clique], used):
+            if room.free_gpus > 0:
+                out[room.clique] = out.get(room.clique, 0) + 1
+        return out
+
+    def _after_loss(self, obj: Any, cd: api.ComputeDomain, before: api.ComputeDomainStatus, loss: nodeloss.NodeLoss,
+                    told: str) -> None:
+        """Once a summary is written: the Events of a node lost and of the domain healed."""
+        namespace, name = cd.metadata.namespace or "default", cd.metadata.name
+        uid = str((obj.metadata.uid if obj.metadata else None) or "")
+        for n in loss.new:
+            events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "NodeLost",
+                         f"member {told}" if told.startswith(f"node {n.name} lost") else
+                         f"member node {n.name} lost ({n.reason}: {n.message}); {told}")
+        was_lost = next((c.reason == "NodeLost" for c in before.conditions if c.type == "Ready"), False)
+        if was_lost and loss.healed:
+            events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "NodeLossHealed",
+                         f"{sum(1 for e in loss.members if e.ready)} members ready again after the loss of "
+                         f"{', '.join(n.name for n in before.lost_nodes) or 'a node'}", type_="Normal")
+
+    def _replace_lost(self, obj: Any, cd: api.ComputeDomain, loss: nodeloss.NodeLoss,
+                      allocs: Sequence[tuple[str, tuple[str, int] | None]]) -> None:
+        """Under nodeLossPolicy Replace, the pods of each lost node not acted on yet are failed so
+        that their workload replaces them (lostpods.py), once per loss and replica."""
+        if cd.spec.loss_policy is not api.NodeLossPolicy.REPLACE or not loss.lost:
+            return
+        namespace, name = cd.metadata.namespace or "default", cd.metadata.name
+        uid = str((obj.metadata.uid if obj.metadata else None) or "")
+        for n in loss.lost:
+            act = (uid, n.name)
+            if act in self._acted:
+                continue
+            why = (f"nvlfabric: member node {n.name} of ComputeDomain {namespace}/{name} lost ({n.reason}: "
+                   f"{n.message}); the pod is failed so that its workload replaces it in the same clique")
+            try:
+                failed = lostpods.fail_pods(self.client, namespace, n, [c for c, _ in allocs], why)
+            except errors.NvlfabricError as exc:
+                log.warning("ComputeDomain %s/%s: failing the pods of lost node %s: %s", namespace, name, n.name, exc)
+                continue
+            self._acted.add(act)
+            if failed:
+                events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "ReplacingPods",
+                             f"pods {', '.join(failed)} on lost node {n.name} failed as disrupted "
+                             f"({names.DISRUPTION_REASON}) and deleted: their workload replaces them", type_="Normal")
 
     def reconcile_tenancy(self) -> None:
         """Channel claims that are no live domain's own are deleted (strayclaims.py), and every

@@ -86,7 +86,8 @@ class Reserver:
         with self.state.lock:
             for key in sorted(dirty):
                 releases.update((p.uid, (p, clique)) for p, clique in self._releases(key))
-        self.writer.ungate(list(releases.values()))
+        # Pods joining a running domain (replacements, growth) only where their clique has a node.
+        self.writer.ungate(self.placer.joiners(list(releases.values())))
 
     def _releases(self, key: Key) -> list[Release]:
         """The gated users of `key` whose gate may lift now, each with the clique a pioneer is

@@ -111,3 +111,16 @@ def delete_nodes(client: Client, names: list[str]) -> None:
             client.delete(Node, name)
         with contextlib.suppress(ApiError):
             client.delete(Lease, name, namespace="kube-node-lease")
+
+
+def job_pods(client: Client, job: str, namespace: str = "default") -> dict[str, Any]:
+    """An Indexed Job's live pods by completion index: not failed, not succeeded, not being deleted
+    (a replaced pod's successor is the one of its index)."""
+    from lightkube.resources.core_v1 import Pod
+
+    out: dict[str, Any] = {}
+    for p in client.list(Pod, namespace=namespace, labels={"batch.kubernetes.io/job-name": job}):
+        meta, phase = p.metadata, p.status.phase if p.status else None
+        if meta is not None and meta.deletionTimestamp is None and phase not in ("Failed", "Succeeded"):
+            out[(meta.annotations or {}).get("batch.kubernetes.io/job-completion-index", "")] = p
+    return out

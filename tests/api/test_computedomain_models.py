@@ -160,7 +160,7 @@ def test_schema_decisions() -> None:
     version = crdgen.build()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
+        "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "Lost", "IMEX", "Age"]
 
 
 def test_crdgen_refuses_unions() -> None:
@@ -335,7 +335,8 @@ def test_crd_established_with_printer_columns(api: Cluster) -> None:
     assert columns == {"Phase": ".status.phase", "Clique": ".status.clique", "Channel": ".status.channel",
                        "Cliques": ".status.placedCliques",
                        "Ready": ".status.readyNodes", "Nodes": ".status.totalNodes",
-                       "Unhealthy": ".status.unhealthyNodes", "IMEX": ".spec.imexMode",
+                       "Unhealthy": ".status.unhealthyNodes", "Lost": ".status.lostNodes[*].name",
+                       "IMEX": ".spec.imexMode",
                        "Age": ".metadata.creationTimestamp"}
 
 
@@ -519,7 +520,8 @@ def test_table_shows_the_printer_columns(api: Cluster, names: list[str]) -> None
     resp.raise_for_status()
     table = resp.json()
     header = [c["name"] for c in table["columnDefinitions"]]
-    assert header == ["Name", "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "IMEX", "Age"]
+    assert header == ["Name", "Phase", "Clique", "Channel", "Cliques", "Ready", "Nodes", "Unhealthy", "Lost", "IMEX",
+                      "Age"]
     row = dict(zip(header, table["rows"][0]["cells"], strict=True))
     assert row["Name"] == name and row["Phase"] == "Degraded" and row["Channel"] == 3
     assert row["Unhealthy"] == '["rack-0-node-01"]'

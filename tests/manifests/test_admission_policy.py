@@ -34,6 +34,7 @@ from lightkube.models.core_v1 import (
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PodResourceClaim,
     PodSchedulingGate,
     PodSpec,
 )
@@ -537,6 +538,36 @@ def test_controller_may_only_lift_the_reservation_gate_of_a_pod(env: Env) -> Non
         controller.close()
         with contextlib.suppress(ApiError):
             env.admin.delete(Pod, name, namespace="default", grace_period=0)
+
+
+def test_controller_may_fail_and_delete_only_a_lost_nodes_pod_of_a_claim(env: Env) -> None:
+    """controller/lostpods.py: status phase Failed with DisruptionTarget DeletionByNvlfabric, on a pod
+    that names a claim, then delete; no other status write, no other deletion."""
+    name, plain = f"lost-{env.suffix}", f"plain-{env.suffix}"
+    for pod, claims in ((name, [PodResourceClaim(name="channel", resourceClaimName="some-channel")]), (plain, None)):
+        env.admin.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+            resourceClaims=claims, containers=[Container(name="c", image="registry.invalid/c")])))
+    controller = env.token_client(CONTROLLER, manager="nvlfabric-controller")
+
+    def fail(pod: str, reason: str = "DeletionByNvlfabric", phase: str = "Failed") -> Any:
+        return controller.patch(Pod.Status, pod, {"status": {"phase": phase, "conditions": [{
+            "type": "DisruptionTarget", "status": "True", "reason": reason, "message": "node lost",
+            "lastTransitionTime": "2026-12-07T01:00:00Z"}]}}, namespace="default", patch_type=PatchType.STRATEGIC)
+
+    try:
+        msg = eventually_denied(lambda: _try(lambda: controller.delete(Pod, name, namespace="default")))
+        assert "DELETE of a pod it did not fail for a lost node" in msg
+        assert "status other than failing a pod of a lost node" in denied(lambda: fail(name, reason="Other"))
+        assert "status other than failing a pod of a lost node" in denied(lambda: fail(name, phase="Succeeded"))
+        assert "status other than failing a pod of a lost node" in denied(lambda: fail(plain))  # names no claim
+        fail(name)
+        controller.delete(Pod, name, namespace="default")
+        assert "DELETE of a pod it did not fail" in denied(lambda: controller.delete(Pod, plain, namespace="default"))
+    finally:
+        controller.close()
+        for pod in (name, plain):
+            with contextlib.suppress(ApiError):
+                env.admin.delete(Pod, pod, namespace="default", grace_period=0)
 
 
 def _try(action: Callable[[], Any]) -> Any:
