@@ -68,7 +68,7 @@ def test_inputs_are_the_args_models_fields_in_camel_case_with_their_descriptions
     assert cd["inputProperties"]["name"]["description"].endswith("Defaults to the resource's name.")
     spec = schema["types"]["nvlfabric:index:ComputeDomainSpec"]["properties"]
     assert set(spec) == {"channelAllocationMode", "numNodes", "imexMode", "placement", "channelClaim",
-                         "imexAuthentication"}
+                         "imexAuthentication", "nodeLossPolicy"}
     assert spec["numNodes"]["description"] == cdapi.ComputeDomainSpec.model_fields["num_nodes"].description
     assert schema["types"]["nvlfabric:index:IMEXMode"]["enum"] == [{"value": "CliqueScoped"}, {"value": "Dedicated"}]
 
