@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import KeysView, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from nvlfabric.api import computedomain as api
@@ -121,10 +121,10 @@ class Members:
         with self._lock:
             return dict(self._down)
 
-    def known(self) -> KeysView[str]:
-        """The agent Nodes that exist (as the Node informer holds them): a live view, read by `in`
-        only (a copy per pass cost O(nodes))."""
-        return self._nodes.keys()
+    def known(self) -> frozenset[str]:
+        """The agent Nodes that exist (as the Node informer holds them)."""
+        with self._lock:
+            return frozenset(self._nodes)
 
     def cliques(self) -> dict[str, int]:
         """Clique → agent Nodes labelled with it."""

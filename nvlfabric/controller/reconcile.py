@@ -48,7 +48,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import events, feasibility, imexauth, lostpods, nodeloss, placement, pools, quota, strayclaims
-from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers, cluster_use
+from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.members import Members
 from nvlfabric.kube.errors import api_call
@@ -344,8 +344,6 @@ class Controller:
         """Clique → what its pool was last reconciled against: unchanged, it is not planned again."""
         self._domain_seen: dict[str, Any] = {}
         """Domain → the inputs of its last summary: unchanged, it is not summarised again."""
-        self._nothing_lost: dict[str, Any] = {}
-        """Domain → (resourceVersion, members' version) at which it was judged to have lost no node."""
         self._acted: set[tuple[str, str]] = set()
         """(domain uid, node) of the lost nodes whose pods were failed, while they are lost."""
 
@@ -433,24 +431,15 @@ class Controller:
                 continue
             status = cd.status or api.ComputeDomainStatus()
             clique = allocs[0][1][0] if allocs[0][1] is not None and len(allocs) == 1 else None
-            rv = obj.metadata.resourceVersion if obj.metadata else None
-            if self._nothing_lost.get(key) == (rv, version):
-                # Judged so at the same status and members (their readiness and fabric health
-                # included): a pass over unchanged domains stays O(domains), not O(members).
-                loss = nodeloss.NodeLoss((), tuple(members), True)
-            else:
-                sick = unhealthy
-                if unhealthy and any(m.name in unhealthy for m in members):
-                    # A sick fabric is slower, not gone: its members move only where a node is free
-                    # (a dead node's pods are lost anyway, and replaced when a node frees up).
-                    if free_nodes is None:
-                        free_nodes = self._free_nodes()
-                    sick = unhealthy if clique is not None and free_nodes.get(clique, 0) > 0 else {}
-                loss = nodeloss.judge(status, members, down=down, sick=sick, known=known,
-                                      policy=cd.spec.loss_policy, num_nodes=cd.spec.num_nodes, now=now)
-                # A sick member is judged again each pass: a node freed elsewhere changes its verdict.
-                clean = not loss.lost and not any(m.name in unhealthy for m in members)
-                self._nothing_lost[key] = (rv, version) if clean else None
+            sick = unhealthy
+            if unhealthy and any(m.name in unhealthy for m in members):
+                # A sick fabric is slower, not gone: its members move only where a node is free
+                # (a dead node's pods are lost anyway, and replaced when a node frees up).
+                if free_nodes is None:
+                    free_nodes = self._free_nodes()
+                sick = unhealthy if clique is not None and free_nodes.get(clique, 0) > 0 else {}
+            loss = nodeloss.judge(status, members, down=down, sick=sick, known=known,
+                                  policy=cd.spec.loss_policy, num_nodes=cd.spec.num_nodes, now=now)
             free = None
             if loss.lost and not loss.healed and clique is not None:
                 if free_nodes is None:
@@ -478,8 +467,6 @@ class Controller:
                 log.warning("ComputeDomain %s: %s", key, exc)
         for gone in self._domain_seen.keys() - live:
             del self._domain_seen[gone]
-        for gone in self._nothing_lost.keys() - live:
-            del self._nothing_lost[gone]
         self._acted &= lost_now  # a node lost again later is acted on again
         self.members.forget(served)
         try:
@@ -493,9 +480,12 @@ class Controller:
 
     def _free_nodes(self) -> dict[str, int]:
         """Clique → its Ready, schedulable, untainted agent Nodes with a free GPU (what a replacement needs)."""
-        nodes, used = cluster_use(self.cache)
+        used: dict[str, int] = {}
+        for node, gpus, finished in self.cache.bound_pods.fresh().values():
+            if not finished:
+                used[node] = used.get(node, 0) + gpus
         out: dict[str, int] = {}
-        for room in placement.rooms_of(nodes, used):
+        for room in placement.rooms_of([n.placement for n in self.cache.nodes.fresh().values() if n.clique], used):
             if room.free_gpus > 0:
                 out[room.clique] = out.get(room.clique, 0) + 1
         return out
