@@ -25,7 +25,14 @@ Figures (seconds from the loss being visible in the API):
                       nodes holding the claim's CDI spec without a live pod of the domain (goal 0)
 - node_monitor_grace_s  the grace used
 
-Not measured yet: grow_s / shrink_s (elastic domains by `pulumi up`, issue 51 item 3).
+Then, on the same rack (the 16-pod job deleted, the deleted Node not back: 17 nodes), an elastic
+job through the real Pulumi CLI (bench/fixtures/elastic: a ComputeDomain without numNodes and a
+BoundJob with max_parallelism) brought up with ELASTIC_FROM pods, then `pulumi up` with 2 more and
+2 fewer:
+- grow_s    `pulumi up` of parallelism +2 until the domain is Ready with as many ready members
+- shrink_s  `pulumi up` of parallelism -2 until the domain is Ready with as many
+- elastic_members_restarted  pods that stayed through both, replaced or restarted (goal 0)
+(Each includes the CLI's own time: its start, the program's run, the preview steps.)
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ from typing import Any
 
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import CascadeType
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -55,6 +64,7 @@ from nvlfabric.provider.nvlfabricdomain import channel_claim  # noqa: E402
 from nvlfabric.sim import faults  # noqa: E402
 from nvlfabric.sim.cluster import eventually, install_crd, job_pods  # noqa: E402
 from nvlfabric.testbed.controlplane import ControlPlane  # noqa: E402
+from nvlfabric.testbed.pulumi_cli import PulumiProject, project_from_fixture  # noqa: E402
 from nvlfabric.testbed.runstate import free_ports  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "faults.json"
@@ -62,6 +72,7 @@ RACK = 198
 NODE_MONITOR_GRACE_S = 20
 PODS = 16
 SPARES = 2
+ELASTIC_FROM = 12
 _start = time.monotonic()
 
 
@@ -162,6 +173,38 @@ def leaks(cp: ControlPlane, client: Client, job: str) -> int:
     return len(stale) + len(held)
 
 
+def ready_at(client: Client, job: str, pods: int) -> bool:
+    st = status(client, job)
+    running = [p for p in job_pods(client, job).values() if p.status.phase == "Running"]
+    return len(running) == pods and st.get("phase") == "Ready" and st.get("readyNodes") == pods == len(st["nodes"])
+
+
+def elastic(tmp: Path, cp: ControlPlane, client: Client, results: dict[str, float]) -> None:
+    """grow_s and shrink_s of an elastic job by `pulumi up` (see the module's docstring)."""
+    job = "elastic"
+    proj: PulumiProject = project_from_fixture(REPO / "bench" / "fixtures" / "elastic", tmp / "elastic",
+                                               kubeconfig=cp.kubeconfig, venv=Path(sys.prefix))
+    proj.run("stack", "init", "bench")
+    proj.run("config", "set", "pods", str(ELASTIC_FROM))
+    say(f"elastic: pulumi up of {ELASTIC_FROM} pods")
+    proj.run("up", "--yes", "--skip-preview", timeout=600)
+    eventually("the elastic job", lambda: ready_at(client, job, ELASTIC_FROM), timeout=300)
+    before = {i: (p.metadata.uid, sum(c.restartCount for c in p.status.containerStatuses or []))
+              for i, p in job_pods(client, job).items()}
+    for key, pods in (("grow_s", ELASTIC_FROM + 2), ("shrink_s", ELASTIC_FROM)):
+        proj.run("config", "set", "pods", str(pods))
+        start = time.monotonic()
+        proj.run("up", "--yes", "--skip-preview", timeout=600)
+        done = eventually(f"Ready at {pods}", lambda p=pods: time.monotonic() if ready_at(client, job, p) else None,
+                          timeout=300, interval=0.2)
+        results[key] = done - start
+        say(f"elastic: {key} {done - start:.1f} s (to {pods} pods)")
+    after = {i: (p.metadata.uid, sum(c.restartCount for c in p.status.containerStatuses or []))
+             for i, p in job_pods(client, job).items()}
+    results["elastic_members_restarted"] = sum(1 for i, was in before.items() if after.get(i) != was)
+    proj.run("destroy", "--yes", "--skip-preview", timeout=600)
+
+
 def main() -> int:
     results: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(prefix="nvlbf-"))
@@ -202,6 +245,9 @@ def main() -> int:
         results["node_loss_detected_s"] = max(results[f"{k}_detected_s"] for k in kinds)
         results["node_loss_healed_s"] = max(results[f"{k}_healed_s"] for k in kinds)
         results["node_monitor_grace_s"] = NODE_MONITOR_GRACE_S
+        client.delete(Job, job, namespace="default", cascade=CascadeType.FOREGROUND)
+        eventually("the 16-node job to go", lambda: not job_pods(client, job) or None, timeout=120)
+        elastic(tmp, cp, client, results)
     finally:
         client.close()
         cp.down()

@@ -28,6 +28,9 @@ AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
 CONTROLLER_FIELD_MANAGER: Final = "nvlfabric-controller"
 RACK_FIELD_MANAGER_PREFIX: Final = "nvlfabric-rack-"
 """An Nvl72Rack applies its Nodes' labels and taints as `nvlfabric-rack-<its resource name>`."""
+JOB_PARALLELISM_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:JobParallelism", "nvlfabric:kubernetes:JobParallelism")
+"""The Pulumi types of an elastic BoundJob's Job size (provider/jobparallelism.py): a Python
+program's dynamic resource, the component provider's own."""
 RACK_NODES_TYPES: Final = ("pulumi-python:dynamic/nvlfabric:RackNodes", "nvlfabric:kubernetes:RackNodes")
 """The Pulumi types of an Nvl72Rack's node labelling: a Python program's dynamic resource, the
 component provider's own. Racks before the first release (0.1.0) made a `kubernetes:core/v1:NodePatch` per node."""
@@ -177,6 +180,10 @@ RANK_ENV: Final = "NVLFABRIC_RANK"
 """The pod's rank among the workload's pods, 0..world size - 1 (torchrun's --node-rank)."""
 WORLD_SIZE_ENV: Final = "NVLFABRIC_WORLD_SIZE"
 """How many pods the workload runs at once (torchrun's --nnodes)."""
+NNODES_ENV: Final = "NVLFABRIC_NNODES"
+"""An elastic job's (BoundJob max_parallelism) size range, `<min>:<max>` as torchrun's --nnodes
+takes it; such a job has no world size in its env (its pods stay while it grows and shrinks, and
+an environment cannot change): the launcher's rendezvous counts the pods that came."""
 MASTER_ADDR_ENV: Final = "NVLFABRIC_MASTER_ADDR"
 """The stable DNS name of rank 0's pod (torchrun's --master-addr)."""
 MASTER_PORT_ENV: Final = "NVLFABRIC_MASTER_PORT"

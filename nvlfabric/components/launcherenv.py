@@ -14,6 +14,7 @@ from nvlfabric.api.names import (
     LWS_WORKER_INDEX,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
+    NNODES_ENV,
     RANK_ANNOTATION,
     RANK_ENV,
     STATEFULSET_POD_INDEX,
@@ -51,7 +52,8 @@ def master_address(args: BoundJobArgs, *, namespace: str) -> str:
 
 def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
     """What a distributed launcher reads (nvlfabric/api/names.py): the pod's rank from the kind's
-    own pod index (downward API), the world size, rank 0's address and port."""
+    own pod index (downward API), the world size (an elastic job: its size range), rank 0's
+    address and port."""
     world, port, master = str(args.parallelism), str(args.master_port), master_address(args, namespace=namespace)
 
     # Over clique groups the rank is the controller's (group x group size + index): env cannot add.
@@ -60,6 +62,11 @@ def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
     def rank(name: str) -> dict[str, Any]:
         return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
+    if args.elastic:  # no size: the pods stay as the job grows and shrinks (names.NNODES_ENV)
+        nnodes = {"name": NNODES_ENV, "value": f"{args.min_parallelism or 1}:{args.max_parallelism}"}
+        return [rank(RANK_ENV), nnodes, {"name": MASTER_ADDR_ENV, "value": master},
+                {"name": MASTER_PORT_ENV, "value": port}, *(rank(name) for name in TORCH_RANK_ENVS),
+                {"name": TORCH_MASTER_ADDR_ENV, "value": master}, {"name": TORCH_MASTER_PORT_ENV, "value": port}]
     return [rank(RANK_ENV), {"name": WORLD_SIZE_ENV, "value": world},
             {"name": MASTER_ADDR_ENV, "value": master}, {"name": MASTER_PORT_ENV, "value": port},
             *(rank(name) for name in TORCH_RANK_ENVS), {"name": TORCH_WORLD_SIZE_ENV, "value": world},

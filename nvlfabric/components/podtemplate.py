@@ -44,7 +44,7 @@ def bound_pod_template(args: BoundJobArgs, *, claim_name: Any, domain: str, grou
     tpl = copy.deepcopy(args.pod_template)
     meta = tpl["metadata"] = tpl.get("metadata") or {}
     meta["labels"] = {**(meta.get("labels") or {}), COMPUTE_DOMAIN_LABEL: domain}
-    meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.group_size),
+    meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_SIZE_ANNOTATION: str(args.gang_size),
                            **({CLIQUE_GROUP_ANNOTATION: str(group)} if group is not None else {})}
     spec = tpl["spec"]
     spec.setdefault("restartPolicy", "Never" if args.kind in BATCH_KINDS else "Always")

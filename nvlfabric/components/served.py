@@ -6,7 +6,8 @@ TypeScript program has no such Python. For its dynamic resources the engine woul
 from PATH (or the project's `runtime.options.virtualenv`), which knows nothing of nvlfabric, and the
 preview fails with "No module named 'pulumi'". So when the components run inside the component
 provider (`serve_resources()`), a ComputeDomain registers `nvlfabric:kubernetes:ComputeDomain` (and an
-Nvl72Rack its node labelling `nvlfabric:kubernetes:RackNodes`) instead: a custom resource of this
+Nvl72Rack its node labelling `nvlfabric:kubernetes:RackNodes`, an elastic BoundJob its Job's size
+`nvlfabric:kubernetes:JobParallelism`) instead: a custom resource of this
 package. The engine sends its check, diff, create, read, update
 and delete to the nvlfabric plugin, which runs in its own virtualenv and calls the same
 `ComputeDomainProvider` a Python program's dynamic resource does. Only where the code runs changes:
@@ -38,14 +39,18 @@ from nvlfabric.provider.computedomain import (
     ResourceInputs,
     resource_inputs,
 )
+from nvlfabric.provider.jobparallelism import JobParallelismArgs, JobParallelismProvider
 from nvlfabric.provider.racknodes import RackNodesArgs, RackNodesProvider
 
 COMPUTE_DOMAIN: Final = "nvlfabric:kubernetes:ComputeDomain"
 """The type token of a ComputeDomain's object when the component provider serves it."""
 RACK_NODES: Final = names.RACK_NODES_TYPES[1]
 """... and of an Nvl72Rack's node labelling."""
+JOB_PARALLELISM: Final = names.JOB_PARALLELISM_TYPES[1]
+"""... and of an elastic BoundJob's Job size."""
 PROVIDERS: Final[dict[str, Callable[[], ResourceProvider]]] = {COMPUTE_DOMAIN: ComputeDomainProvider,
-                                                                RACK_NODES: RackNodesProvider}
+                                                                RACK_NODES: RackNodesProvider,
+                                                                JOB_PARALLELISM: JobParallelismProvider}
 
 _serving: list[bool] = []
 T = TypeVar("T")
@@ -74,6 +79,14 @@ class RackNodes(pulumi.CustomResource):
 
     def __init__(self, resource_name: str, args: RackNodesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(RACK_NODES, resource_name, args.model_dump() | {"missing": None, "drift": None}, opts)
+
+
+class JobParallelism(pulumi.CustomResource):
+    """An elastic BoundJob's Job size, served by nvlfabric's component provider."""
+
+    def __init__(self, resource_name: str, args: JobParallelismArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(JOB_PARALLELISM, resource_name, args.model_dump(), opts)
 
 
 def type_of(urn: str) -> str:

@@ -30,6 +30,16 @@ cluster whether it serves the kind (`cluster_serves`): where it does not, a warn
 stops. A JobSet's `max_restarts` is its failure policy: all its Jobs recreated, the new pods on
 the same claims (and so the same cliques and channels).
 
+Elastic (`max_parallelism`, with `min_parallelism`): `pulumi up` with another `parallelism` in that
+range grows or shrinks the running Job or StatefulSet in place. Its pod template does not depend
+on the size (the group-size annotation is min_parallelism, the env has `NVLFABRIC_NNODES=min:max`
+and no world size), so the pods that stay are not touched: a StatefulSet's replicas is an update
+of its resource; a Job's parallelism and completions, which pulumi-kubernetes would change only by
+replacing the Job, are ignored by its resource and set in place by a `JobParallelism` resource
+(nvlfabric/provider/jobparallelism.py). New pods join the running domain where its clique has
+room (else they wait gated), the highest indexes leave, and their nodes' channels are unprepared.
+Limits (256 pods per claim, a clique's GPUs) are checked at max_parallelism.
+
 Over a MultiClique ComputeDomain (`placement.cliques: K`) the job is K groups of parallelism / K
 pods, group g's pods using the domain's claim g: K Indexed Jobs or StatefulSets `<name>-<g>`, or
 one JobSet with K replicated Jobs `workers-<g>` (a LeaderWorkerSet's groups share one template,
@@ -78,7 +88,7 @@ import pulumi_kubernetes as k8s
 from nvlfabric.api.names import DEFAULT_MASTER_PORT, GPU_RESOURCE, GPUS_PER_NODE, KUEUE_API_VERSION
 from nvlfabric.api.nvidia import Backend
 from nvlfabric.clusterview.scheduling import WorkloadApis
-from nvlfabric.components import capacity, clusterprobes, program
+from nvlfabric.components import capacity, clusterprobes, program, served
 from nvlfabric.components.args import ComponentArgsError, validate
 from nvlfabric.components.clusterprobes import CONTROLLED_KINDS, DEFAULT_WORKLOAD_APIS, cluster_serves
 from nvlfabric.components.computedomain import ComputeDomain
@@ -99,10 +109,12 @@ from nvlfabric.components.workloadargs import (
 from nvlfabric.components.workloadmanifests import (
     CREATED_ONLY,
     DISRUPTION_POLICY,
+    ELASTIC_SIZE,
     NOT_AWAITED,
     job_manifest,
     workload_manifests,
 )
+from nvlfabric.provider import jobparallelism
 
 __all__ = [
     "BATCH_KINDS", "CLAIM_REF", "CONTROLLED_KINDS", "CREATED_ONLY", "DEFAULT_WORKLOAD_APIS", "DISRUPTION_POLICY",
@@ -128,6 +140,7 @@ class BoundJob(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, *, compute_domain: ComputeDomain, pod_template: dict[str, Any],
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
+                 max_parallelism: int | None = None, min_parallelism: int | None = None,
                  completions: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = GPU_RESOURCE,
                  max_restarts: int = 0, queue_name: str | None = None, wait: bool = False,
@@ -138,7 +151,8 @@ class BoundJob(pulumi.ComponentResource):
                  **unknown: Any) -> None:
         self.args = _validated(resource_name, compute_domain, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
-            "parallelism": parallelism, "completions": completions, "gpus_per_pod": gpus_per_pod,
+            "parallelism": parallelism, "max_parallelism": max_parallelism, "min_parallelism": min_parallelism,
+            "completions": completions, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "max_restarts": max_restarts, "queue_name": queue_name, "wait": wait,
             "labels": labels or {},
             "reservation_gate": reservation_gate,
@@ -163,7 +177,7 @@ class BoundJob(pulumi.ComponentResource):
         it in the program's registry (its name, its pods' tolerations)."""
         if taints := program.declared_taints():
             self.args = self.args.model_copy(update={"pod_template": tolerating(self.args.pod_template, taints)})
-        compute_domain.bind(self.args.name, self.args.group_size,
+        compute_domain.bind(self.args.name, self.args.most_pods // self.args.clique_groups,
                             self.args.gpus_per_pod if self.args.gpu_resource else 0)
         program.take("workload", compute_domain.namespace, self.args.name, component="BoundJob",
                      resource_name=resource_name)
@@ -216,10 +230,14 @@ class BoundJob(pulumi.ComponentResource):
             rname = resource_name if i == 0 else f"{resource_name}-{i}"
             # Fields added since a release created workloads, immutable ones: for new objects only.
             opts = child
-            if created_only := CREATED_ONLY.get(m["kind"]):
-                opts = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=list(created_only)))
+            sized = self.args.elastic and m["kind"] == "Job"
+            ignored = [*CREATED_ONLY.get(m["kind"], ()), *(ELASTIC_SIZE if sized else ())]
+            if ignored:
+                opts = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=ignored))
             if m["kind"] == "Job":
                 self.jobs.append(k8s.batch.v1.Job(rname, metadata=m["metadata"], spec=m["spec"], opts=opts))
+                if self.args.elastic:
+                    self._size(rname, m, self.jobs[-1])
             elif m["kind"] == "StatefulSet":
                 self.jobs.append(k8s.apps.v1.StatefulSet(rname, metadata=m["metadata"], spec=m["spec"], opts=opts))
             else:
@@ -227,6 +245,15 @@ class BoundJob(pulumi.ComponentResource):
                     rname, api_version=m["apiVersion"], kind=m["kind"], metadata=m["metadata"], spec=m["spec"],
                     opts=opts))
         self.job = self.jobs[0]
+
+    def _size(self, resource_name: str, job: dict[str, Any], resource: pulumi.CustomResource) -> None:
+        """An elastic Job's size, set in place (ELASTIC_SIZE: the Job's resource ignores it)."""
+        args = jobparallelism.JobParallelismArgs(name=job["metadata"]["name"], namespace=job["metadata"]["namespace"],
+                                                 parallelism=job["spec"]["parallelism"])
+        opts = pulumi.ResourceOptions(parent=self, depends_on=[resource])
+        # In the component provider the plugin serves it itself (nvlfabric.components.served).
+        resource_class = served.JobParallelism if served.serving() else jobparallelism.JobParallelism
+        self.size: pulumi.CustomResource = resource_class(f"{resource_name}-size", args, opts=opts)
 
     def _register(self, compute_domain: ComputeDomain, apis: WorkloadApis | None) -> None:
         """The component's outputs."""
@@ -266,6 +293,9 @@ class BoundJob(pulumi.ComponentResource):
         (None), from `scheduler` and, unless told, what the cluster offers at preview."""
         a = self.args
         if a.scheduler == "nvlfabric" or a.backend is Backend.NVIDIA:
+            return None
+        if a.elastic:  # a PodGroup's gang has one size (workloadargs refuses scheduler='kubernetes')
+            pulumi.log.info(f"BoundJob {a.name}: nvlfabric's controller places it (an elastic job)", resource=self)
             return None
         try:
             found: WorkloadApis | None = clusterprobes.scheduling_apis(namespace)

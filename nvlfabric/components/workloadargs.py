@@ -48,6 +48,17 @@ class BoundJobArgs(BaseModel):
     parallelism: int = Field(1, ge=1, le=MAX_PODS_PER_CLAIM * MAX_CLIQUES_PER_DOMAIN,
                              description=f"pods running at once, 1..{MAX_PODS_PER_CLAIM} per clique group "
                                          "(a claim's reservedFor limit; a MultiClique domain has a claim per group)")
+    max_parallelism: int | None = Field(
+        None, ge=1, le=MAX_PODS_PER_CLAIM,
+        description="makes the job elastic: the most pods it may grow to. `pulumi up` with another parallelism "
+                    "(min_parallelism..max_parallelism) then grows or shrinks the running job in place: new pods "
+                    "join its ComputeDomain, the highest indexes leave, the others keep running. The pods' "
+                    "template does not depend on the size (no world size in their env: "
+                    "NVLFABRIC_NNODES=<min>:<max> for the launcher's rendezvous). Job or StatefulSet over a "
+                    "single-clique domain; setting it on an existing job replaces it once")
+    min_parallelism: int | None = Field(None, ge=1, le=MAX_PODS_PER_CLAIM,
+                                        description="an elastic job's fewest pods (default 1): nvlfabric places "
+                                                    "that many at once, and the others as they come")
     completions: int | None = Field(None, ge=1, description="pods that must succeed (default: parallelism; "
                                                             "Job and JobSet only)")
     gpus_per_pod: int = Field(GPUS_PER_NODE, ge=0, le=GPUS_PER_NODE,
@@ -105,12 +116,29 @@ class BoundJobArgs(BaseModel):
     @property
     def one_clique(self) -> bool:
         """On backend nvidia: whether the job's GPUs fit one clique (then pod affinity keeps it there)."""
-        return not (self.gpu_resource and self.parallelism * self.gpus_per_pod > GPUS_PER_CLIQUE)
+        return not (self.gpu_resource and self.most_pods * self.gpus_per_pod > GPUS_PER_CLIQUE)
 
     @property
     def group_size(self) -> int:
         """Pods per clique group (all of them over a single-clique domain)."""
         return self.parallelism // self.clique_groups
+
+    @property
+    def elastic(self) -> bool:
+        """Whether `pulumi up` may change the running job's size in place (max_parallelism is set)."""
+        return self.max_parallelism is not None
+
+    @property
+    def most_pods(self) -> int:
+        """The pods the domain must have room for: max_parallelism when elastic, else parallelism."""
+        return self.max_parallelism if self.max_parallelism is not None else self.parallelism
+
+    @property
+    def gang_size(self) -> int:
+        """The pods placed at once in a clique group (the pods' group-size annotation): the group
+        size, or an elastic job's min_parallelism (a constant, so the pod template stays the same
+        at every size; the pods past it join one by one)."""
+        return (self.min_parallelism or 1) if self.elastic else self.group_size
 
     @field_validator("pod_template")
     @classmethod
@@ -143,6 +171,7 @@ class BoundJobArgs(BaseModel):
             raise ValueError(f"completions applies to Job and JobSet, not {self.kind}: leave it unset")
         if self.completions is not None and self.completions < self.parallelism:
             raise ValueError(f"completions ({self.completions}) must be >= parallelism ({self.parallelism})")
+        self._elastic()
         k = self.clique_groups
         if k > 1 and self.parallelism % k:
             raise ValueError(f"parallelism {self.parallelism} does not split evenly over the ComputeDomain's {k} "
@@ -155,19 +184,55 @@ class BoundJobArgs(BaseModel):
         if k > 1 and not self.gated:
             raise ValueError("reservation_gate=False over a MultiClique domain: the controller places its groups "
                              "and writes each pod's rank while the pods are gated; leave reservation_gate on")
-        if self.group_size > MAX_PODS_PER_CLAIM:
-            per = "parallelism" if k == 1 else f"parallelism / {k} clique groups"
+        most = self.most_pods // k
+        size = "max_parallelism" if self.elastic else "parallelism"
+        if most > MAX_PODS_PER_CLAIM:
+            per = size if k == 1 else f"parallelism / {k} clique groups"
             raise ValueError(
-                f"{per} = {self.group_size} pods share one channel claim, more than its reservedFor holds "
+                f"{per} = {most} pods share one channel claim, more than its reservedFor holds "
                 f"({MAX_PODS_PER_CLAIM}): use at most {MAX_PODS_PER_CLAIM * k} pods, or a MultiClique ComputeDomain "
                 "with more cliques")
-        if self.gpu_resource and self.group_size * self.gpus_per_pod > GPUS_PER_CLIQUE:
-            group = "parallelism x gpus_per_pod" if k == 1 else f"parallelism / {k} clique groups x gpus_per_pod"
+        if self.gpu_resource and most * self.gpus_per_pod > GPUS_PER_CLIQUE:
+            group = f"{size} x gpus_per_pod" if k == 1 else f"parallelism / {k} clique groups x gpus_per_pod"
             raise ValueError(
-                f"{group} = {self.group_size * self.gpus_per_pod} GPUs, more than one NVL72 clique has "
+                f"{group} = {most * self.gpus_per_pod} GPUs, more than one NVL72 clique has "
                 f"({GPUS_PER_CLIQUE}); a ComputeDomain's group lives in one clique: use fewer pods or GPUs per pod, "
                 "or a MultiClique ComputeDomain (placement: {scope: MultiClique, cliques: N}) with more cliques")
         return self
+
+    def _elastic(self) -> None:
+        """An elastic job's checks: a size range around parallelism, and a shape whose size can
+        change in place (why the others cannot is said)."""
+        if not self.elastic:
+            if self.min_parallelism is not None:
+                raise ValueError("min_parallelism without max_parallelism: set max_parallelism too to make the job "
+                                 "elastic, or leave min_parallelism unset")
+            return
+        assert self.max_parallelism is not None
+        low = self.min_parallelism or 1
+        if not low <= self.parallelism <= self.max_parallelism:
+            raise ValueError(f"parallelism {self.parallelism} is outside the elastic range "
+                             f"min_parallelism..max_parallelism ({low}..{self.max_parallelism}): widen the range "
+                             "or pick a parallelism in it")
+        if self.kind == "JobSet":
+            raise ValueError("max_parallelism on a JobSet: a JobSet's replicated Jobs are immutable, so its size "
+                             "cannot change in place: use kind Job (an elastic Indexed Job) or StatefulSet")
+        if self.kind == "LeaderWorkerSet":
+            raise ValueError("max_parallelism on a LeaderWorkerSet: its group size is part of its template, whose "
+                             "change restarts every group: use kind Job or StatefulSet")
+        if self.clique_groups > 1:
+            raise ValueError(f"max_parallelism over a MultiClique domain ({self.clique_groups} clique groups): a pod's "
+                             "rank there is its group x the group size, which a new size would change under "
+                             "the running pods; use a single-clique ComputeDomain")
+        if self.completions is not None:
+            raise ValueError("completions on an elastic job: an elastic Indexed Job completes when all its "
+                             "parallelism pods have (Kubernetes scales completions with parallelism): leave it unset")
+        if self.scheduler == "kubernetes":
+            raise ValueError("scheduler='kubernetes' on an elastic job: a PodGroup's gang is a fixed size; leave "
+                             "scheduler unset (nvlfabric's controller places an elastic job's pods as they come)")
+        if self.queue_name is not None:
+            raise ValueError("queue_name on an elastic job: Kueue admits a job at the size it was queued with; "
+                             "leave queue_name unset or max_parallelism unset")
 
     def _on_nvidia(self) -> BoundJobArgs:
         if self.reservation_gate:

@@ -67,6 +67,12 @@ the running workload (or fail on the API server's refusal). Ignored, the state's
 stands in for the program's on update, and the program's applies on create."""
 
 
+ELASTIC_SIZE: Final = ("spec.parallelism", "spec.completions")
+"""An elastic Job's fields (Pulumi property paths) its resource ignores: its size, which
+pulumi-kubernetes could change only by replacing the Job, is set in place by the Job's
+JobParallelism resource (nvlfabric/provider/jobparallelism.py)."""
+
+
 def _headless_service(args: BoundJobArgs, *, namespace: str, labels: dict[str, str],
                       selector: dict[str, str]) -> dict[str, Any]:
     """The Service that gives each pod its DNS name; not-ready pods are published too, since
@@ -78,6 +84,7 @@ def _headless_service(args: BoundJobArgs, *, namespace: str, labels: dict[str, s
 
 def _job_spec(args: BoundJobArgs, tpl: dict[str, Any]) -> dict[str, Any]:
     n, k = args.group_size, args.clique_groups
+    # An elastic Indexed Job: completions follows parallelism (Kubernetes lets both change together).
     spec = {"parallelism": n, "completions": (args.completions or args.parallelism) // k,
             "completionMode": "Indexed", "backoffLimit": 0, "template": tpl}
     if tpl["spec"].get("restartPolicy") == "Never":  # (OnFailure: Kubernetes refuses a policy)

@@ -171,9 +171,10 @@ def bad_gpus_fail_the_preview(timed: Timed) -> None:
 
 
 def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Timed, domain: str,
-                                                        rack_node: str | None = None) -> None:
+                                                        rack_node: str | None = None, elastic: bool = False) -> None:
     """... and, with `rack_node`, the program's rack labels that Node through the plugin's own
-    RackNodes resource, and `destroy` takes the label away again."""
+    RackNodes resource, and `destroy` takes the label away again; with `elastic`, the job is
+    elastic and the plugin serves its Job's size too (JobParallelism)."""
     proj = timed.proj
     try:
         timed("up", "up", "--yes", "--skip-preview")
@@ -190,6 +191,10 @@ def up_runs_the_domain_and_job_and_destroy_removes_them(api: Cluster, timed: Tim
         # The domain's object is served by the plugin (in its own virtualenv), not a dynamic resource.
         assert {CD_TOKEN, JOB_TOKEN, served.COMPUTE_DOMAIN, "kubernetes:batch/v1:Job"} <= types
         assert not any(t.startswith("pulumi-python:dynamic") for t in types), types
+        if elastic:
+            assert served.JOB_PARALLELISM in types
+            job = api.client.get(Job, domain, namespace="default")
+            assert (job.spec.parallelism, job.spec.completions) == (2, 2)
         if rack_node is not None:
             assert served.RACK_NODES in types
             assert (api.client.get(Node, rack_node).metadata.labels or {}).get(RACK_LABEL) == "rack-0"
@@ -242,7 +247,7 @@ def test_a_yaml_project_adds_the_package_and_runs_a_bound_job(api: Cluster, tmp_
     try:
         # A bad argument fails the preview, naming the input as the YAML program writes it and the fix.
         bad_gpus_fail_the_preview(timed)
-        up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain, rack_node=node)
+        up_runs_the_domain_and_job_and_destroy_removes_them(api, timed, domain, rack_node=node, elastic=True)
     finally:
         delete_nodes(api.client, [node])
 

@@ -11,10 +11,18 @@ rack of 3 nodes (one free), the node lifecycle controller's grace shortened to 2
    with a WaitingForNode Event, and the domain says it waits for a node.
 3. The first node comes back: the waiting replacement runs there; nothing of the old pods is left
    (the claim's reservedFor holds live pods and the domain only).
+
+On the same rack, afterwards, an elastic job (BoundJob max_parallelism) on a Dedicated domain
+declared without numNodes grows from 1 pod to 3 and shrinks to 2 (its Job's size set as its
+JobParallelism resource sets it): the new pods join the running domain, whose daemons learn the
+new members without a restart, and which is Ready at each size with those nodes; the pod that
+stays is not touched; the node the job leaves has no daemon of the domain and no prepared claim
+left.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,8 +31,10 @@ from typing import Any
 import pytest
 from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import CascadeType, PatchType
 
 from nvlfabric import manifests
 from nvlfabric.api import computedomain as api
@@ -32,12 +42,13 @@ from nvlfabric.api import names
 from nvlfabric.components.workloadargs import BoundJobArgs
 from nvlfabric.components.workloadmanifests import workload_manifests
 from nvlfabric.controller.cache import ComputeDomainResource
+from nvlfabric.provider import jobparallelism
 from nvlfabric.provider.nvlfabricdomain import channel_claim
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd, job_pods, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
-from tests.support.agents import imex_daemon
+from tests.support.agents import imex_daemon, pod_gone
 
 pytestmark = pytest.mark.cluster
 RACK = 196  # addresses 127.10.196.x: a rack number no other test uses
@@ -56,13 +67,14 @@ def sim() -> Iterator[tuple[ControlPlane, Client]]:
         yield cp, client
 
 
-def bound_job(client: Client, name: str, pods: int) -> None:
-    """A ComputeDomain (numNodes = pods), its channel claim, and BoundJob's Job of `pods` x 4 GPUs."""
-    spec = {"numNodes": pods}
+def bound_job(client: Client, name: str, pods: int, most: int | None = None) -> None:
+    """A ComputeDomain (numNodes = pods; an elastic job's: none), its channel claim, and BoundJob's
+    Job of `pods` x 4 GPUs (elastic up to `most`)."""
+    spec: dict[str, Any] = {"numNodes": pods} if most is None else {"imexMode": "Dedicated"}
     cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
     client.create(codecs.from_dict(channel_claim(name, "default", cd.metadata.uid,
                                                  api.ComputeDomainSpec.model_validate(spec))))
-    args = BoundJobArgs(name=name, parallelism=pods, pod_template={"spec": {"containers": [
+    args = BoundJobArgs(name=name, parallelism=pods, max_parallelism=most, pod_template={"spec": {"containers": [
         {"name": "worker", "image": "registry.invalid/train:1"}]}})
     for obj in workload_manifests(args, namespace="default", claim_name=f"{name}-channel", domain=name):
         client.create(codecs.from_dict(obj))
@@ -163,3 +175,86 @@ def test_a_lost_node_is_named_replaced_on_a_spare_and_waits_when_none_is_free(
     reserved = {r.uid for r in client.get(ResourceClaim, f"{job}-channel", namespace="default").status.reservedFor}
     assert reserved <= live | {cd_uid}, reserved - live
     faults.inject(cp.state_dir, nodes[second.spec.nodeName], "clear")
+
+
+def resize(client: Client, job: str, pods: int) -> None:
+    """The elastic Job's new size, applied as its JobParallelism resource applies it."""
+    args = jobparallelism.JobParallelismArgs(name=job, namespace="default", parallelism=pods)
+    client.patch(Job, job, jobparallelism.size_patch(args), namespace="default", patch_type=PatchType.APPLY,
+                 field_manager=jobparallelism.FIELD_MANAGER, force=True)
+
+
+def prepared(node: Any, claim_uid: str) -> bool:
+    """Whether `node`'s agent holds `claim_uid` prepared (its checkpoint)."""
+    path = node.kubelet_root / "plugins" / names.DRIVER / "checkpoint.json"
+    return path.exists() and claim_uid in json.loads(path.read_text()).get("claims", {})
+
+
+def test_a_domain_without_num_nodes_grows_and_shrinks_with_its_elastic_job(sim: tuple[ControlPlane, Client]) -> None:
+    cp, client = sim
+    nodes = {n.name: n for n in cp.nodes()}
+    for old in client.list(Job, namespace="default"):  # the rack to itself (the loss test's job is done)
+        client.delete(Job, old.metadata.name, namespace="default", cascade=CascadeType.BACKGROUND)
+    eventually("the other jobs' pods to go", lambda: not list(client.list(Pod, namespace="default")) or None,
+               timeout=90)
+    eventually("every node to be Ready", lambda: all(not_ready_since(client, n) is None for n in nodes) or None,
+               timeout=GRACE_S + 60)
+    job = f"el-{uuid.uuid4().hex[:5]}"
+    bound_job(client, job, 1, most=3)
+    first = eventually("pod 0 to run", lambda: running(client, job, "0"), timeout=120)
+    before = ready_domain_status(client, job)
+    assert [n["name"] for n in before["nodes"]] == [first.spec.nodeName]
+    clique = before["clique"]
+    uid = client.get(ComputeDomainResource, job, namespace="default").metadata.uid
+
+    def daemon(node: str) -> tuple[list[int], str]:  # the domain's own daemon there, and its nodes file
+        return imex_daemon(nodes[node], clique, uid)
+
+    pids = daemon(first.spec.nodeName)[0]
+    assert len(pids) == 1
+    claim_uid = client.get(ResourceClaim, f"{job}-channel", namespace="default").metadata.uid
+
+    def untouched(members: int) -> None:
+        still = job_pods(client, job)["0"]
+        assert (still.metadata.uid, [c.restartCount for c in still.status.containerStatuses]) == (
+            first.metadata.uid, [0])
+        addresses = sorted(nodes[p.spec.nodeName].address for p in job_pods(client, job).values())
+        assert len(addresses) == members
+        for p in job_pods(client, job).values():
+            eventually(f"{p.spec.nodeName}'s daemon to know the {members} members", lambda p=p: (
+                daemon(p.spec.nodeName)[1].split() == addresses), timeout=30)
+        assert daemon(first.spec.nodeName)[0] == pids
+
+    def ready_with(count: int) -> dict[str, Any] | None:
+        got = status(client, job)
+        members = got.get("nodes") or []
+        return got if got.get("phase") == "Ready" and len(members) == count and all(
+            n.get("ready") for n in members) else None
+
+    # Grown by 2: the new pods join the running domain, which is Ready with 3 nodes.
+    start = time.monotonic()
+    resize(client, job, 3)
+    grown = eventually("the domain to be Ready with 3 nodes", lambda: ready_with(3), timeout=120)
+    print(f"grown by 2 in {time.monotonic() - start:.1f} s")
+    pods = job_pods(client, job)
+    assert {p.spec.nodeName for p in pods.values()} == set(nodes) == {n["name"] for n in grown["nodes"]}
+    assert (grown["clique"], grown["channel"]) == (before["clique"], before["channel"])
+    untouched(3)
+
+    # Shrunk by 1: the last index leaves; its node's daemon stops and its claim is unprepared.
+    leaving = pods["2"]
+    start = time.monotonic()
+    resize(client, job, 2)
+    shrunk = eventually("the domain to be Ready with 2 nodes", lambda: ready_with(2), timeout=120)
+    print(f"shrunk by 1 in {time.monotonic() - start:.1f} s")
+    assert leaving.spec.nodeName not in {n["name"] for n in shrunk["nodes"]}
+    eventually("the leaving pod to be gone", lambda: pod_gone(client, leaving.metadata.name), timeout=60)
+    gone = nodes[leaving.spec.nodeName]
+    eventually("the left node's daemon of the domain to stop", lambda: daemon(leaving.spec.nodeName) == ([], ""),
+               timeout=60)
+    eventually("the left node's claim to be unprepared", lambda: not prepared(gone, claim_uid), timeout=60)
+    assert all(prepared(nodes[p.spec.nodeName], claim_uid) for p in job_pods(client, job).values())
+    reserved = {r.uid for r in client.get(ResourceClaim, f"{job}-channel", namespace="default").status.reservedFor}
+    assert leaving.metadata.uid not in reserved
+    assert not shrunk.get("lostNodes"), shrunk["lostNodes"]
+    untouched(2)

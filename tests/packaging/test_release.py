@@ -31,9 +31,10 @@ PICKLED = (
     "nvlfabric.provider.computedomain.ComputeDomainProvider",
     "nvlfabric.provider.deviceclass.DeviceClassProvider",
     "nvlfabric.provider.racknodes.RackNodesProvider",
+    "nvlfabric.provider.jobparallelism.JobParallelismProvider",
     "nvlfabric.provider.kube.KubeProvider",
 )
-"""The dynamic providers' paths as stacks' states hold them since 0.1.0 (docs/compatibility.md):
+"""The dynamic providers' paths as stacks' states hold them since 0.1.0 (jobparallelism: 0.2.0) (docs/compatibility.md):
 a class that moves leaves its old path importable, and a new one joins this list."""
 
 
@@ -114,7 +115,7 @@ def test_an_old_states_providers_load_from_their_paths(path: str) -> None:
 
 
 def test_every_dynamic_provider_is_on_the_kept_list() -> None:
-    for module in ("computedomain", "deviceclass", "racknodes", "kube", "nvidiadomain"):
+    for module in ("computedomain", "deviceclass", "racknodes", "kube", "nvidiadomain", "jobparallelism"):
         importlib.import_module(f"nvlfabric.provider.{module}")
 
     def subclasses(cls: type) -> set[type]:

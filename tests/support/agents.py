@@ -61,12 +61,14 @@ def daemons_using(config_path: str) -> list[int]:
     return found
 
 
-def imex_daemon(node: SimNode, clique: str) -> tuple[list[int], str]:
-    """(pids of the clique's nvidia-imex on `node`, its nodes file). The daemon names its config
-    by the keeper's path (every node's is the same), so it is told apart by its node's processes."""
-    work = f"plugins/{DRIVER}/imex/clique-{clique}"
+def imex_daemon(node: SimNode, clique: str, domain: str | None = None) -> tuple[list[int], str]:
+    """(pids of the clique's nvidia-imex on `node`, its nodes file; "" when it has none); a
+    Dedicated domain's with `domain` (its uid). The daemon names its config by the keeper's path
+    (every node's is the same), so it is told apart by its node's processes."""
+    work = f"plugins/{DRIVER}/imex/" + (f"cd-{domain}" if domain else f"clique-{clique}")
+    nodes = node.kubelet_root / work / "nodes.cfg"
     pids = [p for p in daemons_using(f"/var/lib/kubelet/{work}/config.cfg") if node.runs(p)]
-    return pids, (node.kubelet_root / work / "nodes.cfg").read_text()
+    return pids, nodes.read_text() if nodes.exists() else ""
 
 
 def pod_gone(client: Client, pod: str) -> bool:
