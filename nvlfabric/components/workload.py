@@ -165,6 +165,7 @@ class BoundJob(pulumi.ComponentResource):
         if unserved:
             pulumi.log.warn(f"{unserved}; `pulumi up` stops here until it is", resource=self)
         self._warn_shortfall(compute_domain.namespace)
+        self._warn_fixed_size(compute_domain)
         apis = self._workload_apis(resource_name, compute_domain.namespace)
         objs = workload_manifests(self.args, namespace=compute_domain.namespace,
                                   claim_name=compute_domain.claim, domain=compute_domain.name,
@@ -194,6 +195,20 @@ class BoundJob(pulumi.ComponentResource):
                                    namespace=namespace)
         if short:
             pulumi.log.warn(short, resource=self)
+
+    def _warn_fixed_size(self, compute_domain: ComputeDomain) -> None:
+        """Warn when an elastic job of a node per pod runs on a domain whose numNodes says another size."""
+        a = self.args
+        num_nodes = getattr(getattr(compute_domain.args, "spec", None), "num_nodes", None)
+        if not a.elastic or num_nodes is None or a.gpus_per_pod != GPUS_PER_NODE or not a.gpu_resource:
+            return
+        if num_nodes != a.parallelism:
+            pulumi.log.warn(
+                f"BoundJob {a.name}: elastic, {a.parallelism} pods of a whole node each, on ComputeDomain "
+                f"{compute_domain.name} whose numNodes is {num_nodes}: its readiness counts {num_nodes} members, "
+                "whatever the job's size; leave its numNodes unset (it then follows its pods) or change it with "
+                "parallelism",
+                resource=self)
 
     def _create(self, resource_name: str, compute_domain: ComputeDomain, objs: list[dict[str, Any]],
                 opts: pulumi.ResourceOptions | None) -> None:

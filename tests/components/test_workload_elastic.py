@@ -133,6 +133,20 @@ def test_an_elastic_jobs_size_is_its_own_resource(monkeypatch: pytest.MonkeyPatc
                     "fixed": ("Job", created_only, None), "set": ("StatefulSet", [], None)}
 
 
+def test_an_elastic_job_on_a_domain_of_another_fixed_size_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))
+    common: dict[str, Any] = {"pod_template": TEMPLATE, "max_parallelism": 8, "scheduler": "nvlfabric"}
+    BoundJob("follows", compute_domain=ComputeDomain("free"), parallelism=6, **common)
+    BoundJob("same", compute_domain=ComputeDomain("six", spec={"numNodes": 6}), parallelism=6, **common)
+    assert warned == []
+    BoundJob("other", compute_domain=ComputeDomain("four", spec={"numNodes": 4}), parallelism=6, **common)
+    assert warned == ["BoundJob other: elastic, 6 pods of a whole node each, on ComputeDomain four whose numNodes "
+                      "is 4: its readiness counts 4 members, whatever the job's size; leave its numNodes unset (it "
+                      "then follows its pods) or change it with parallelism"]
+
+
 # -- grown and shrunk through the real Pulumi CLI -------------------------------------------------------
 
 PROGRAM = '''\
