@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import fcntl
 import ipaddress
+import secrets
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -129,19 +130,39 @@ class PodNetwork:
     # -- a pod's side --------------------------------------------------------------------------
 
     async def sandbox(self, ip: str) -> Path:
-        """The pod's network namespace at `ip` (kept when it exists: a restarted kubelet's pod)."""
-        path = self.namespace_path(ip)
+        """The pod's network namespace at `ip`: kept when it exists whole (a restarted kubelet's
+        pod), made again when it exists half made (a creation that failed midway)."""
+        path, name = self.namespace_path(ip), self.namespace(ip)
         if path.exists():
-            return path
-        name, host_end = self.namespace(ip), f"nvh{int(ipaddress.IPv4Address(ip)):08x}"
-        # The host end is made with the pod's end already inside: two calls in all, not six.
-        await _aip("-batch", "-", stdin=f"netns add {name}\n"
-                   f"link add {host_end} type veth peer name eth0 netns {name}\n"
-                   f"link set {host_end} master {self.bridge} up\n")
-        await _aip("-n", name, "-batch", "-", stdin=f"link set lo up\n"
-                   f"addr add {ip}/{self.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
-                   f"route add default via {self.gateway}\n")
+            if await self._whole(name, ip):
+                return path
+            await _aip("netns", "delete", name)
+        # The host end's name is new each time, not derived from the address: a namespace whose
+        # name is gone lives on while a process still holds it, and its veth pair with it, so a
+        # name made from an address handed out again would already exist.
+        host_end = f"nvh{secrets.token_hex(6)}"
+        try:
+            # The host end is made with the pod's end already inside: two calls in all, not six.
+            await _aip("-batch", "-", stdin=f"netns add {name}\n"
+                       f"link add {host_end} type veth peer name eth0 netns {name}\n"
+                       f"link set {host_end} master {self.bridge} up\n")
+            await _aip("-n", name, "-batch", "-", stdin=f"link set lo up\n"
+                       f"addr add {ip}/{self.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
+                       f"route add default via {self.gateway}\n")
+        except PodNetworkError:  # nothing half made is left to be taken for whole
+            if path.exists():
+                with contextlib.suppress(PodNetworkError):
+                    await _aip("netns", "delete", name)
+            raise
         return path
+
+    @staticmethod
+    async def _whole(name: str, ip: str) -> bool:
+        """Whether namespace `name` has its `eth0` at `ip`."""
+        proc = await asyncio.create_subprocess_exec("ip", "-n", name, "-o", "-4", "addr", "show", "dev", "eth0",
+                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        return proc.returncode == 0 and f" {ip}/" in out.decode(errors="replace")
 
     async def remove(self, ip: str) -> None:
         """The pod's namespace (its veth pair goes with it)."""

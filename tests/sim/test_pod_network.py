@@ -2,11 +2,15 @@
 two pods on one node both listen on port 8080, each at an address of its node's block; the
 kubelet probes them there; other pods and the machine reach them there; they reach the API
 server through their service-account environment. A hostNetwork pod keeps its node's address.
-A deleted pod's namespace and address are gone."""
+A deleted pod's namespace and address are gone, and a sandbox made again at an address handed
+out again is whole (issue 52)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -114,3 +118,31 @@ def test_pods_have_their_own_addresses_and_ports(cluster: Cluster, network: PodN
     for name, node in placed.items():
         assert not network.namespace_path(ips[name]).exists(), f"{name}'s network namespace outlived it"
         assert not (node.pod_dir(pods[name].metadata.uid) / IP_FILE).exists()
+
+
+def _addresses_of_eth0(network: PodNetwork, ip: str) -> str:
+    return subprocess.run(["ip", "-n", network.namespace(ip), "-o", "-4", "addr", "show", "dev", "eth0"],
+                          capture_output=True, text=True, timeout=30).stdout
+
+
+def test_a_sandbox_is_made_whole_again_at_an_address_handed_out_again(network: PodNetwork) -> None:
+    """A pod's namespace whose name is gone lives on while a process still holds it (a container's
+    leftover), and its veth pair with it: the next sandbox at that address still gets its eth0.
+    A namespace left half made (no eth0) is made again, not taken as it is."""
+    ip = network.node_addresses(RACK + 1, 0)[0]  # a block no node of this module's uses
+    asyncio.run(network.sandbox(ip))
+    holder = subprocess.Popen(["ip", "netns", "exec", network.namespace(ip), "sleep", "120"])
+    try:
+        eventually("the leftover to hold the namespace", lambda: os.path.exists(f"/proc/{holder.pid}"))
+        asyncio.run(network.remove(ip))
+        assert not network.namespace_path(ip).exists()
+        asyncio.run(network.sandbox(ip))  # (named after the address, its host end already existed)
+        assert f" {ip}/" in _addresses_of_eth0(network, ip)
+        asyncio.run(network.remove(ip))
+        subprocess.run(["ip", "netns", "add", network.namespace(ip)], check=True, timeout=30)  # half made
+        asyncio.run(network.sandbox(ip))
+        assert f" {ip}/" in _addresses_of_eth0(network, ip)
+    finally:
+        holder.kill()
+        holder.wait()
+        asyncio.run(network.remove(ip))
