@@ -26,6 +26,7 @@ from nvlfabric.controller import placement
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.reservationplan import PendingPod, pending_pod
 from nvlfabric.controller.strayclaims import ChannelClaim, channel_claim
+from nvlfabric.kube.errors import api_call
 
 ComputeDomainResource = create_namespaced_resource(names.GROUP, api.VERSION, api.KIND, api.PLURAL)
 
@@ -188,6 +189,17 @@ class Informers:
         for inf in self.all():
             while not inf.synced.wait(1.0) and not stop():
                 pass
+
+
+def cluster_use(cache: Informers) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The clique Nodes as placement reads them, and the GPUs their running pods use."""
+    with api_call("read the Nodes and bound pods to place channel claims"):
+        nodes = [n.placement for n in cache.nodes.fresh().values() if n.clique]
+        used: dict[str, int] = {}
+        for node, gpus, finished in cache.bound_pods.fresh().values():
+            if not finished:
+                used[node] = used.get(node, 0) + gpus
+    return nodes, used
 
 
 _KUEUE_GROUP, _KUEUE_VERSION = names.KUEUE_API_VERSION.split("/")

@@ -64,14 +64,18 @@ def fail_pods(client: Client, namespace: str, lost: api.LostNode, claims: Sequen
         if meta is None or spec is None or not meta.name:
             continue
         named = {rc.resourceClaimName for rc in spec.resourceClaims or [] if rc.resourceClaimName}
-        if not named & wanted or (status is not None and status.phase in ("Succeeded", "Failed")):
-            continue
+        ours = any(c.type == "DisruptionTarget" and c.reason == names.DISRUPTION_REASON
+                   for c in (status.conditions if status else None) or [])
+        ended = status is not None and status.phase in ("Succeeded", "Failed")
+        if not named & wanted or (ended and not ours):
+            continue  # (failed by us before, and its delete failed: deleted now)
         body = {"status": {"phase": "Failed", "conditions": [{
             "type": "DisruptionTarget", "status": "True", "reason": names.DISRUPTION_REASON,
             "message": why[:1024], "lastTransitionTime": stamp}]}}
         try:
-            with api_call(f"fail pod {namespace}/{meta.name} of lost Node {lost.name}"):
-                client.patch(Pod.Status, meta.name, body, namespace=namespace, patch_type=PatchType.STRATEGIC)
+            if not ours:
+                with api_call(f"fail pod {namespace}/{meta.name} of lost Node {lost.name}"):
+                    client.patch(Pod.Status, meta.name, body, namespace=namespace, patch_type=PatchType.STRATEGIC)
             with api_call(f"delete pod {namespace}/{meta.name} of lost Node {lost.name}"):
                 client.delete(Pod, meta.name, namespace=namespace)
         except errors.NotFound:

@@ -29,11 +29,10 @@ from lightkube import Client
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors
 from nvlfabric.controller import placement
-from nvlfabric.controller.cache import Informers
+from nvlfabric.controller.cache import Informers, cluster_use
 from nvlfabric.controller.events import event
 from nvlfabric.controller.reservationplan import ClaimState, Key, complete, group_of, stale_admissions
 from nvlfabric.controller.reservationstate import ReservationState
-from nvlfabric.kube.errors import api_call
 
 log = logging.getLogger("nvlfabric.reservations")
 
@@ -275,17 +274,6 @@ def channels_left(claims: Mapping[Key, ClaimState], placed: Mapping[Key, str], p
         elif not st.allocated and (clique := placed.get(key)):
             used[clique] = used.get(clique, 0) + 1
     return {c: max(0, per_clique - n) for c, n in used.items()}
-
-
-def cluster_use(cache: Informers) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The clique Nodes as placement reads them, and the GPUs their running pods use."""
-    with api_call("read the Nodes and bound pods to place channel claims"):
-        nodes = [n.placement for n in cache.nodes.fresh().values() if n.clique]
-        used: dict[str, int] = {}
-        for node, gpus, finished in cache.bound_pods.fresh().values():
-            if not finished:
-                used[node] = used.get(node, 0) + gpus
-    return nodes, used
 
 
 class NoRoomEvents:

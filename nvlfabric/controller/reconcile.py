@@ -48,7 +48,7 @@ from lightkube.types import PatchType
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
 from nvlfabric.controller import events, feasibility, imexauth, lostpods, nodeloss, placement, pools, quota, strayclaims
-from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers
+from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers, cluster_use
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.members import Members
 from nvlfabric.kube.errors import api_call
@@ -480,12 +480,9 @@ class Controller:
 
     def _free_nodes(self) -> dict[str, int]:
         """Clique → its Ready, schedulable, untainted agent Nodes with a free GPU (what a replacement needs)."""
-        used: dict[str, int] = {}
-        for node, gpus, finished in self.cache.bound_pods.fresh().values():
-            if not finished:
-                used[node] = used.get(node, 0) + gpus
+        nodes, used = cluster_use(self.cache)
         out: dict[str, int] = {}
-        for room in placement.rooms_of([n.placement for n in self.cache.nodes.fresh().values() if n.clique], used):
+        for room in placement.rooms_of(nodes, used):
             if room.free_gpus > 0:
                 out[room.clique] = out.get(room.clique, 0) + 1
         return out

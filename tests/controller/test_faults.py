@@ -28,6 +28,7 @@ import pytest
 import yaml
 from lightkube import ApiError, Client
 from lightkube.models.authentication_v1 import TokenRequestSpec
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.models.resource_v1 import CELDeviceSelector, DeviceClassSpec, DeviceSelector
@@ -36,14 +37,14 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim
-from lightkube.types import CascadeType
+from lightkube.types import CascadeType, PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvlfabric import manifests
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import names
 from nvlfabric.components.workload import BoundJobArgs, job_manifest
-from nvlfabric.controller import pools
+from nvlfabric.controller import lostpods, pools
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.cluster import delete_nodes, eventually, install_crd, make_ready_nodes
@@ -309,3 +310,30 @@ def test_a_denied_pod_watch_is_a_warning_and_a_metric(cluster: Cluster, tmp_path
         with contextlib.suppress(ApiError):
             admin.delete(Lease, lease, namespace="default")
 
+
+
+def test_a_lost_nodes_pod_whose_delete_failed_is_deleted_at_the_next_try(cluster: Cluster) -> None:
+    """controller/lostpods.py: a pod failed for a lost node (phase Failed, DisruptionTarget
+    DeletionByNvlfabric) whose delete failed (the API server away, a restart between the two
+    writes) is deleted when the node's pods are acted on again; a pod that ended by itself
+    (Failed for its own reasons) is left to its workload."""
+    client, suffix = cluster.client, uuid.uuid4().hex[:5]
+    node, claim = f"gone-{suffix}", f"lp-{suffix}-channel"  # a Node that does not exist: lost, deleted
+    ours, own = f"lp-ours-{suffix}", f"lp-own-{suffix}"
+    for name, reason in ((ours, names.DISRUPTION_REASON), (own, "")):
+        client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+            nodeName=node, resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=claim)],
+            containers=[Container(name="c", image="registry.invalid/c")])))
+        conditions = [{"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "node lost",
+                       "lastTransitionTime": "2026-12-07T01:00:00Z"}] if reason else []
+        client.patch(Pod.Status, name, {"status": {"phase": "Failed", "conditions": conditions}},
+                     namespace="default", patch_type=PatchType.STRATEGIC)
+    lost = api.LostNode(name=node, reason=api.LostReason.NODE_DELETED, lostAt="2026-12-07T01:00:00Z")
+    try:
+        assert lostpods.fail_pods(client, "default", lost, [claim], "node gone") == [ours]
+        names_left = {p.metadata.name for p in client.list(Pod, namespace="default", fields={"spec.nodeName": node})}
+        assert names_left == {own}
+    finally:
+        for name in (ours, own):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, name, namespace="default", grace_period=0)
