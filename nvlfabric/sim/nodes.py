@@ -17,11 +17,13 @@ directory standing in for its host file system:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Final
 
 from pydantic import BaseModel
 
@@ -102,30 +104,34 @@ class SimNode(BaseModel):
         """The host pid of the first process of the node's PID namespace (the simulated kubelet's)."""
         return self.dir / "machine.pid"
 
-    def runs(self, pid: int) -> bool:
-        """Whether process `pid` (a host pid) runs on this node: in the node's PID namespace."""
+    def _namespace(self) -> tuple[os.stat_result, int] | None:
+        """The node's PID namespace (its identity) and its level (0: the machine's own)."""
         try:
             init = int(self.machine_pid_file.read_text())
-            return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid")
-        except (OSError, ValueError):
-            return False
+            return os.stat(f"/proc/{init}/ns/pid"), len(_nspid(init)) - 1
+        except (OSError, ValueError, StopIteration):
+            return None
+
+    def runs(self, pid: int) -> bool:
+        """Whether process `pid` (a host pid) runs on this node: in the node's PID namespace, or in
+        one inside it (a container's own, a pod's)."""
+        node = self._namespace()
+        return node is not None and _in_namespace(pid, node[0])
 
     def host_pid(self, pid: int) -> int | None:
         """The host pid of process `pid` as this node's PID namespace numbers it (what a pid
         file written on a real-kubelet node holds), or None when no such process runs."""
-        try:
-            init = int(self.machine_pid_file.read_text())
-            ns = os.readlink(f"/proc/{init}/ns/pid")
-        except (OSError, ValueError):
+        node = self._namespace()
+        if node is None:
             return None
+        ns, level = node
         with os.scandir("/proc") as entries:
             for entry in entries:
                 if not entry.name.isdigit():
                     continue
                 try:
-                    status = Path(entry.path, "status").read_text()
-                    nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
-                    if len(nspid) > 1 and int(nspid[-1]) == pid and os.readlink(f"{entry.path}/ns/pid") == ns:
+                    nspid = _nspid(int(entry.name))
+                    if len(nspid) > level and nspid[level] == pid and _in_namespace(int(entry.name), ns):
                         return int(entry.name)
                 except (OSError, StopIteration, ValueError):
                     continue
@@ -231,3 +237,34 @@ def proc_devices_text() -> str:
         "509 nvidia-uvm\n"
         "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n"
     )
+
+
+NS_GET_PARENT: Final = 0xB702
+"""ioctl on a namespace's file: the namespace it is in (_IO(0xb7, 0x2), linux/nsfs.h)."""
+
+
+def _nspid(pid: int) -> list[int]:
+    """Process `pid`'s pids, from the machine's PID namespace inwards (its status's NSpid)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return [int(p) for p in next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))]
+
+
+def _in_namespace(pid: int, ns: os.stat_result) -> bool:
+    """Whether process `pid`'s PID namespace is `ns` or one inside it (walked up with NS_GET_PARENT)."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        while True:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (ns.st_dev, ns.st_ino):
+                return True
+            try:
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except OSError:  # the machine's own namespace (or one we may not see beyond)
+                return False
+            os.close(fd)
+            fd = parent
+    finally:
+        os.close(fd)

@@ -5,7 +5,7 @@ files); the kubelet is the real one, built from the pinned Kubernetes module (to
 and the container runtime is ours (nvlfabric/sim/cri), speaking CRI. Each such node is a machine
 of its own:
 
-- a PID namespace, whose first process (`rootfs.py --init`) reaps orphans;
+- a PID namespace, whose first process (`nvlfabric-shim --pause`) reaps orphans;
 - a mount namespace whose root is the host's file system, with the node's own directories at
   the paths a GB200 node has them: /var/lib/kubelet (the kubelet's root, DRA and device-plugin
   sockets included), /etc/cdi and /var/run/cdi, /run/nvidia/driver, /proc/devices, the GPU

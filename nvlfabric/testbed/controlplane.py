@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,6 +167,9 @@ class ControlPlane:
             try:
                 kubecontrol.start(run, tools, ports=self.ports, kubeconfig=self.kubeconfig,
                                   scheduler_config=self.scheduler_config, workload_scheduling=self.workload_scheduling)
+                if net is not None:  # the pods' resolver, at the gateway they reach (sim/clusterdns.py)
+                    run.launch("cluster-dns", [sys.executable, "-m", "nvlfabric.sim.clusterdns",
+                                               "--kubeconfig", str(self.kubeconfig), "--listen", net.gateway])
                 for name in self.addons:
                     addons.start(run, tools, name, kubeconfig=self.kubeconfig)
                 state.ready_s = round(time.monotonic() - started, 2)

@@ -33,8 +33,7 @@ def start(run: Launcher, tools: Tools, real: realnode.RealNode, *, shim: Path,
     """The node's machine, then the node itself in it; returns once its Node is registered."""
     name = real.node.name
     machine = run.launch(f"machine-{name}", [
-        shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
-        sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", "--init"])
+        shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child", str(shim), "--pause"])
     init = rootfs.namespace_init(machine.pid)
     if init is None:
         raise ControlPlaneError(f"node {name}: its PID namespace did not start (unshare --pid): a real-kubelet "

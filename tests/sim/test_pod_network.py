@@ -3,7 +3,12 @@ two pods on one node both listen on port 8080, each at an address of its node's 
 kubelet probes them there; other pods and the machine reach them there; they reach the API
 server through their service-account environment. A hostNetwork pod keeps its node's address.
 A deleted pod's namespace and address are gone, and a sandbox made again at an address handed
-out again is whole (issue 52)."""
+out again is whole (issue 52).
+
+Pods resolve cluster names through the simulator's cluster DNS and fail others at once; the
+same kubelet's containers keep their processes to themselves (issue 52): what a container
+leaves running ends with it (a PID namespace of its own, or its pod's), and orphans are reaped
+by their namespace's first process, the node's too."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +32,10 @@ from lightkube.models.core_v1 import (
     ObjectFieldSelector,
     PodSpec,
     Probe,
+    ServiceSpec,
 )
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Pod, ServiceAccount
+from lightkube.resources.core_v1 import Pod, Service, ServiceAccount
 
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet.sandbox import IP_FILE
@@ -41,6 +48,8 @@ pytestmark = pytest.mark.cluster
 RACK = 97
 IMAGE = "nvlfabric.test/pod-server"
 SERVER = Path(__file__).with_name("pod_server.py")
+LEAVER_IMAGE = "nvlfabric.test/leaver"
+LEAVER = Path(__file__).with_name("leaver.py")
 NS = "default"
 
 
@@ -56,7 +65,8 @@ def nodes(cluster: Cluster, network: PodNetwork) -> Iterator[list[SimNode]]:
     with contextlib.suppress(ApiError):
         cluster.client.create(ServiceAccount(metadata=ObjectMeta(name="pod-server", namespace=NS)))
     with standalone_kubelet(cluster, state_dir("nvln-"), rack=RACK, nodes=2,
-                            images={IMAGE: [sys.executable, str(SERVER)]},
+                            images={IMAGE: [sys.executable, str(SERVER)],
+                                    LEAVER_IMAGE: [sys.executable, str(LEAVER)]},
                             args=["--pod-network", str(network.index)]) as (sim, _):
         yield sim
 
@@ -146,3 +156,96 @@ def test_a_sandbox_is_made_whole_again_at_an_address_handed_out_again(network: P
         holder.kill()
         holder.wait()
         asyncio.run(network.remove(ip))
+
+
+def _sleepers(node: SimNode, tag: int) -> list[int]:
+    """Host pids of the `sleep <3000 + tag>` processes running on `node`."""
+    want = [b"sleep", str(3000 + tag).encode()]
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(entry.path, "cmdline").read_bytes().split(b"\0")[:2] == want and node.runs(int(entry.name)):
+                    out.append(int(entry.name))
+    return out
+
+
+def _zombies(node: SimNode) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state == "Z" and node.runs(int(entry.name)):
+                    out.append(int(entry.name))
+    return out
+
+
+def test_what_a_container_leaves_running_ends_with_it_and_orphans_are_reaped(cluster: Cluster,
+                                                                             nodes: list[SimNode]) -> None:
+    """Three pods leave a sleeper in a session of its own and an orphan that exits: a plain pod (a
+    PID namespace per container), one sharing its process namespace (one per pod) and a hostPID
+    one (the node's). No zombie stays on the node; deleting the first two ends their sleepers, as
+    the kernel ends a PID namespace with its first process; the hostPID pod's is the node's, and
+    runs on, as on a node."""
+    client, node = cluster.client, nodes[1]
+    tags = {"plain": 11, "shared": 12, "host": 13}
+    for name, tag in tags.items():
+        client.create(Pod(metadata=ObjectMeta(name=f"leaver-{name}", namespace=NS), spec=PodSpec(
+            nodeName=node.name, hostPID=name == "host" or None, shareProcessNamespace=name == "shared" or None,
+            terminationGracePeriodSeconds=2,
+            containers=[Container(name="leaver", image=f"{LEAVER_IMAGE}:1",
+                                  env=[EnvVar(name="TAG", value=str(tag))])])))
+    host_sleepers: list[int] = []
+    try:
+        for name, tag in tags.items():
+            eventually(f"pod leaver-{name}'s sleeper", lambda t=tag: _sleepers(node, t), timeout=60)
+        time.sleep(1.5)  # the orphans have exited
+        assert eventually("no zombie on the node", lambda: not _zombies(node) or None, timeout=10)
+        host_sleepers = _sleepers(node, tags["host"])
+        for name in tags:
+            client.delete(Pod, f"leaver-{name}", namespace=NS)
+        eventually("the pods to be gone", lambda: not [p for p in client.list(Pod, namespace=NS)
+                                                       if (p.metadata.name or "").startswith("leaver-")], timeout=60)
+        assert _sleepers(node, tags["plain"]) == [] and _sleepers(node, tags["shared"]) == []
+        assert _sleepers(node, tags["host"]) == host_sleepers  # the node's process: it stays, as on a node
+    finally:
+        for name in tags:
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, f"leaver-{name}", namespace=NS)
+        for pid in host_sleepers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def test_pods_resolve_cluster_names_through_the_cluster_dns_and_others_fail_at_once(
+        cluster: Cluster, nodes: list[SimNode]) -> None:
+    """A pod's resolv.conf names the simulator's cluster DNS (sim/clusterdns.py) with the search
+    path of `dnsPolicy: ClusterFirst`: its own name under a headless Service (as an Indexed Job's
+    rank 0 is found), the Service's name and a pod-IP name resolve; a name the cluster does not
+    have fails at once (the machine's nameserver, unreachable from a pod's network, cost 10 s)."""
+    client = cluster.client
+    client.create(Service(metadata=ObjectMeta(name="dns-svc", namespace=NS), spec=ServiceSpec(
+        clusterIP="None", selector={"app": "dns-test"}, publishNotReadyAddresses=True)))
+    pod = server("dns-a", nodes[0])
+    assert pod.metadata is not None and pod.spec is not None
+    pod.metadata.labels = {"app": "dns-test"}
+    pod.spec.hostname, pod.spec.subdomain = "rank0", "dns-svc"
+    client.create(pod)
+    try:
+        ip = eventually("pod dns-a running and ready", lambda: ready(client, "dns-a"), timeout=60).status.podIP
+
+        def ask(name: str) -> tuple[float, str]:
+            seconds, found = get(f"http://{ip}:8080/resolve/{name}").split(" ", 1)
+            return float(seconds), found
+
+        eventually("rank 0's name to resolve", lambda: ask("rank0.dns-svc")[1] == ip or None, timeout=30)
+        assert ask(f"dns-svc.{NS}.svc.cluster.local")[1] == ip
+        assert ask(f"{ip.replace('.', '-')}.{NS}.pod.cluster.local")[1] == ip
+        seconds, found = ask("nowhere.example.invalid")
+        assert found.startswith("error") and seconds < 1.0, (seconds, found)
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, "dns-a", namespace=NS)
+        with contextlib.suppress(ApiError):
+            client.delete(Service, "dns-svc", namespace=NS)

@@ -41,7 +41,7 @@ from nvlfabric.api.kubelet.cdi import ContainerEdits
 from nvlfabric.sim.cri import runtime_v1_pb2 as cri
 from nvlfabric.sim.cri import runtime_v1_pb2_grpc as cri_grpc
 from nvlfabric.sim.images import ImageProgram, program_for
-from nvlfabric.sim.kubelet import cdi
+from nvlfabric.sim.kubelet import cdi, machine
 from nvlfabric.sim.kubelet.processes import cdi_mounts_and_devices, image_mounts
 
 RUNTIME_NAME = "nvlfabric-sim"
@@ -85,6 +85,14 @@ class Sandbox:
     config: cri.PodSandboxConfig
     created_at: int
     ready: bool = True
+    pause: subprocess.Popen[bytes] | None = None
+    """With a PID namespace of its own (mode POD: `shareProcessNamespace`), the process holding it..."""
+    pidns: str | None = None
+    """... and /proc/<its first process>/ns/pid, which the sandbox's containers enter."""
+
+    @property
+    def pid_mode(self) -> int:
+        return int(self.config.linux.security_context.namespace_options.pid)
 
 
 @dataclass
@@ -156,6 +164,13 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
 
     async def RunPodSandbox(self, request: cri.RunPodSandboxRequest, context: Any) -> cri.RunPodSandboxResponse:
         sandbox = Sandbox(id=uuid.uuid4().hex, config=request.config, created_at=now_ns())
+        if sandbox.pid_mode == cri.POD:  # the pod's containers share one PID namespace, as a pause holds it
+            sandbox.pause, init = machine.pid_namespace(self.s.shim, None)
+            if init is None:
+                sandbox.pause.kill()
+                sandbox.pause.wait()
+                raise _Failed("failed to start the pod's PID namespace (unshare --pid)")
+            sandbox.pidns = f"/proc/{init}/ns/pid"
         if sandbox.config.log_directory:
             Path(sandbox.config.log_directory).mkdir(parents=True, exist_ok=True)
         self.sandboxes[sandbox.id] = sandbox
@@ -174,7 +189,9 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         for c in [c for c in self.containers.values() if c.sandbox_id == request.pod_sandbox_id]:
             await self._stop(c, 0)
             del self.containers[c.id]
-        self.sandboxes.pop(request.pod_sandbox_id, None)
+        sandbox = self.sandboxes.pop(request.pod_sandbox_id, None)
+        if sandbox is not None and sandbox.pause is not None and sandbox.pidns is not None:
+            machine.end_pid_namespace(sandbox.pause, sandbox.pidns)
         return cri.RemovePodSandboxResponse()
 
     def _sandbox(self, sandbox_id: str, context: Any) -> Sandbox:
@@ -246,7 +263,7 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
                  **self.s.env, "HOSTNAME": sb.config.hostname, **spec_env, **self.s.service_env,
                  **dict(e.split("=", 1) for e in edits.env if "=" in e)}
         if program is not None:
-            c.spec_path = self._write_spec(c, program, edits)
+            c.spec_path = self._write_spec(c, program, edits, sb)
         self._record(sb, c, ids, edits, spec_env)
         self.containers[cid] = c
         return cri.CreateContainerResponse(container_id=cid)
@@ -258,7 +275,7 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
             return spec.user_specified_image
         return next((name for name, ref in self.images.items() if ref == spec.image), spec.image)
 
-    def _write_spec(self, c: Container, program: ImageProgram, edits: ContainerEdits) -> Path:
+    def _write_spec(self, c: Container, program: ImageProgram, edits: ContainerEdits, sb: Sandbox) -> Path:
         config = c.config
         argv = program.argv(list(config.command), list(config.args))
         cdi_mounts, devices = cdi_mounts_and_devices(Path, edits)
@@ -273,7 +290,10 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
         work.mkdir(parents=True, exist_ok=True)
         spec = {"root": str(work / "rootfs"), "mounts": [*image_mounts(c.image, program), *mounts, *cdi_mounts],
                 "devices": devices, "hosts": None,
-                "cwd": config.working_dir or "/", "argv": argv, "env": c.env, "pidns": None,
+                "cwd": config.working_dir or "/", "argv": argv, "env": c.env,
+                # The PID namespace the kubelet asks for: the pod's, the node's (this runtime's), or
+                # (CONTAINER, the default) one of the container's own inside the node's.
+                "pidns": sb.pidns, "own_pidns": sb.pid_mode == cri.CONTAINER,
                 "pid_file": str(work / "container.pid"), "cri_log": str(c.log_path), "shim": str(self.s.shim)}
         (work / "rootfs").mkdir(exist_ok=True)
         path = work / "container.json"

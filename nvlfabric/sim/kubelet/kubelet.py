@@ -41,7 +41,7 @@ from nvlfabric.sim.kubelet import logs, nodelease, pluginwatch, podstart, podsta
 from nvlfabric.sim.kubelet.events import pod_event
 from nvlfabric.sim.kubelet.hollow import HollowAgent, is_agent
 from nvlfabric.sim.kubelet.leaseclient import LeaseClient
-from nvlfabric.sim.kubelet.machine import start_machine, stop_machine
+from nvlfabric.sim.kubelet.machine import pod_pid_namespace, start_machine, stop_machine, stop_pod_pid_namespace
 from nvlfabric.sim.kubelet.plugins import PluginCallError
 from nvlfabric.sim.kubelet.podstatus import RUN_SECONDS_ANNOTATION
 from nvlfabric.sim.kubelet.prober import start_prober
@@ -107,7 +107,7 @@ class SimKubelet:
         # than the nodes themselves.
         for state in self.nodes.values():
             if not state.node.hollow:
-                start_machine(state)
+                start_machine(state, self._shim())
         await asyncio.gather(*(nodelease.register_node(self.client, s) for s in self.nodes.values()))
         if self.config.pki_dir is not None:
             for state in self.nodes.values():
@@ -341,6 +341,7 @@ class SimKubelet:
         if uid not in self._released:
             await podstop.release(self.client, state, pod)
             await sandbox.close_sandbox(self.config.pod_network, state, uid)
+            stop_pod_pid_namespace(state, uid)
             self._released.add(uid)
         # Terminated only once the API server has the deletion: a failed delete is retried (the
         # pod stayed Terminating for good when the first delete's connection was dropped).
@@ -349,24 +350,37 @@ class SimKubelet:
         self._terminated.add(uid)
         self._latest.pop(uid, None)
 
+    def _shim(self) -> Path:
+        """The containers' shim (built, or found up to date, at first use)."""
+        if self.config.shim is None:
+            self.config.shim = hardware.build_standins()["nvlfabric-shim"]
+        return self.config.shim
+
     def _container_process(self, state: NodeState, pod: Pod, container: Container,
                            edits: dict[str, ContainerEdits], files: dict[str, volumes.Files]) -> PodProcess:
         program = program_for(self.config.images, container.image or "")
         assert program is not None  # (`_runs` said so)
+        shim = self._shim()
         if state.pidns is None:  # a hollow node's first process: it becomes a machine now
-            start_machine(state)
+            start_machine(state, shim)
             if self.config.pki_dir is not None:
                 self._tasks.append(asyncio.get_running_loop().create_task(self._serve_api(state, self.config.pki_dir)))
-        if self.config.shim is None:
-            self.config.shim = hardware.build_standins()["nvlfabric-shim"]
         uid = pod.metadata.uid or "" if pod.metadata else ""
+        # Whose PID namespace: the node's (hostPID), the pod's (shared by its containers), or the
+        # container's own inside the node's (the default: all of it ends with the container).
+        pidns, own = state.pidns, True
+        if pod.spec is not None and pod.spec.hostPID:
+            own = False
+        elif pod.spec is not None and pod.spec.shareProcessNamespace:
+            pidns, own = pod_pid_namespace(state, uid, shim), False
         return start_pod_process(node=state.node, pod=pod, container=container, program=program,
                                  api_server=sandbox.api_server_for(self.config.api_server, self.config.pod_network,
                                                                    state, uid),
-                                 files=files, shim=self.config.shim,
+                                 files=files, shim=shim, own_pidns=own,
                                  extra_env=self.config.hardware_env.get(state.node.name, {}),
-                                 cdi=edits.get(container.name), pidns=state.pidns, pod_ip=state.pod_ip(uid),
-                                 netns=state.netns.get(uid))
+                                 cdi=edits.get(container.name), pidns=pidns, pod_ip=state.pod_ip(uid),
+                                 netns=state.netns.get(uid), resolv=sandbox.resolv_conf(
+                                     pod, self.config.pod_network.gateway if self.config.pod_network else None))
 
     async def _maybe_run_process(self, state: NodeState, pod: Pod, edits: dict[str, ContainerEdits],
                                  files: dict[str, volumes.Files]) -> None:

@@ -284,12 +284,14 @@ def image_mounts(image: str, program: ImageProgram) -> list[dict[str, Any]]:
 
 def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program: ImageProgram, api_server: str,
                       files: dict[str, volumes.Files], shim: Path, extra_env: dict[str, str] | None = None,
-                      cdi: ContainerEdits | None = None, pidns: str | None = None, pod_ip: str = "",
-                      netns: Path | None = None) -> PodProcess:
+                      cdi: ContainerEdits | None = None, pidns: str | None = None, own_pidns: bool = False,
+                      pod_ip: str = "", netns: Path | None = None, resolv: str | None = None) -> PodProcess:
     """Start the container in a mount namespace of its own (rootfs.py): its volumes at their
     mount paths, the CDI edits of its claims applied (env, mounts, device nodes), the pod's
     /etc/hosts; its command and args as Kubernetes runs them. Nothing is rewritten. `netns`: the
-    pod's network namespace at `pod_ip` (podnetwork.py); None: the node's (hostNetwork)."""
+    pod's network namespace at `pod_ip` (podnetwork.py); None: the node's (hostNetwork). `pidns`:
+    the PID namespace it is made in; with `own_pidns` in a new one inside that (rootfs.py).
+    `resolv`: the pod's /etc/resolv.conf (None: the machine's)."""
     pod_ip = pod_ip or node.address
     assert pod.metadata is not None
     dirs = volume_dirs(node, pod, files)
@@ -320,11 +322,15 @@ def start_pod_process(*, node: SimNode, pod: Pod, container: Container, program:
     image_files = image_mounts(container.image or "", program)
     hosts = pod_dir / "etc-hosts"
     hosts.write_text(hosts_file(pod, pod_ip))
+    resolv_path = pod_dir / "etc-resolv.conf"
+    if resolv is not None:
+        resolv_path.write_text(resolv)
     root = pod_dir / "rootfs" / container.name
     root.mkdir(parents=True, exist_ok=True)
     spec = {"root": str(root), "mounts": [*image_files, *mounts, *cdi_mounts], "devices": devices, "hosts": str(hosts),
+            "resolv": str(resolv_path) if resolv is not None else None,
             "cwd": container.workingDir or str(pod_dir), "argv": argv, "env": env, "pidns": pidns,
-            "netns": str(netns) if netns else None,
+            "own_pidns": own_pidns, "netns": str(netns) if netns else None,
             "pid_file": str(pod_dir / f"{container.name}.pid"), "shim": str(shim),
             "proc_driver_nvidia": str(node.host_dir("/proc/driver/nvidia")), "proc_devices": str(node.proc_devices)}
     spec_path = pod_dir / f"{container.name}.container.json"

@@ -2,9 +2,14 @@
 
 `python -m nvlfabric.sim.kubelet.rootfs SPEC`, started by the simulated kubelet, enters the
 pod's network namespace when it has one (`spec.netns`: nvlfabric/sim/podnetwork.py), then the
-node's PID namespace (`spec.pidns`: each simulated node is a machine of its own, whose /proc shows
-its processes only; `--init` is that namespace's first process, which reaps orphans), forks the
-container there, writes the container's pid to `spec.pid_file`, and becomes its shim: it execs
+PID namespace its container's is made in (`spec.pidns`: each simulated node is a machine of its
+own, whose /proc shows its processes only, and whose first process reaps orphans; a pod that
+shares its process namespace has one of its own in it, held by its sandbox), and with
+`spec.own_pidns` a new one in that for the container alone (as a runtime gives each container
+that neither shares its pod's nor uses the host's): its first process is the shim as an init
+(`nvlfabric-shim --init`), which reaps and ends with the container, and the kernel then kills
+everything the container left running. It forks the container there, writes the container's
+pid to `spec.pid_file`, and becomes its shim: it execs
 `spec.shim` (nvlfabric/sim/shim, C, a few hundred kB where this interpreter is 14 MB), which
 forwards signals and exits with the container's status. With `spec.cri_log` the shim is also the
 container's log writer, as a runtime's shim is: the container's stdout and stderr become lines
@@ -25,7 +30,8 @@ its root and becomes the container's program:
   argument or environment is rewritten. A mount path that does not exist on the machine is
   made without touching it: each directory on the way that would need a new entry is shadowed
   by a tmpfs into which its own entries are bound back;
-- `/etc/hosts` is the pod's own file, as the kubelet manages it;
+- `/etc/hosts` is the pod's own file, as the kubelet manages it, and so is `/etc/resolv.conf`
+  when the kubelet wrote one (`spec.resolv`);
 - then chroot into the root, change to the working directory, exec the program with its env.
 
 Nothing of the machine changes: the mounts vanish with the container's namespace. Failing to
@@ -213,6 +219,8 @@ def build(spec: dict[str, Any]) -> None:
     if spec.get("hosts") is not None:
         hosts = Path(spec["hosts"])
         _bind(str(hosts), root.mountpoint("/etc/hosts", directory=False))
+    if spec.get("resolv") is not None:
+        _bind(spec["resolv"], root.mountpoint("/etc/resolv.conf", directory=False))
 
 
 def _call(fn: str, *args: Any) -> None:
@@ -237,16 +245,6 @@ def _container(spec: dict[str, Any]) -> int:
     return 127
 
 
-def _init() -> int:
-    """The node's PID namespace's first process: reap orphans until told to stop."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            signal.pause()
-
-
 def namespace_init(unshare_pid: int, timeout_s: float = 5.0) -> int | None:
     """The host pid of the first process of the PID namespace `unshare --pid --fork` (pid
     `unshare_pid`) made: its one child. None if it did not start within `timeout_s`."""
@@ -263,9 +261,27 @@ def namespace_init(unshare_pid: int, timeout_s: float = 5.0) -> int | None:
     return None
 
 
+def _own_namespace(spec: dict[str, Any]) -> None:
+    """In the forked child (in the namespace the container's is made in): a PID namespace of the
+    container's own inside it. Its first process is the shim as an init, the container its child
+    (pid 2); when the container exits, so does its init, and the kernel kills the rest. (A new
+    namespace can be made only from inside its parent, hence this child, which stays as the
+    init's shim: it waits for it and forwards signals.)"""
+    try:
+        _call("unshare", CLONE_NEWPID)
+        init = os.fork()
+        if init == 0:
+            container = os.fork()
+            if container == 0:
+                os._exit(_container(spec))
+            os.execv(spec["shim"], [spec["shim"], "--init", str(container)])
+        os.execv(spec["shim"], [spec["shim"], str(init)])
+    except OSError as exc:
+        print(f"nvlfabric-sim: cannot start the container ({exc})", file=sys.stderr, flush=True)
+    os._exit(127)
+
+
 def main(argv: list[str]) -> int:
-    if argv[1:] == ["--init"]:
-        return _init()
     spec = json.loads(Path(argv[1]).read_text())
     if spec.get("netns"):  # the pod's network namespace (podnetwork.py): its shim's and container's
         with open(spec["netns"]) as ns:
@@ -273,6 +289,7 @@ def main(argv: list[str]) -> int:
     if spec.get("pidns"):
         with open(spec["pidns"]) as ns:
             _call("setns", ns.fileno(), CLONE_NEWPID)  # for the children from now on
+    own = bool(spec.get("own_pidns"))
     pipes = {"stdout": os.pipe(), "stderr": os.pipe()} if spec.get("cri_log") else {}
     child = os.fork()
     if child == 0:
@@ -281,12 +298,17 @@ def main(argv: list[str]) -> int:
         for read, write in pipes.values():
             os.close(read)
             os.close(write)
+        if own:
+            _own_namespace(spec)
         os._exit(_container(spec))
     # Signals that come before the shim runs are the container's too.
     for sig in FORWARDED:
         signal.signal(sig, lambda n, _f: os.kill(child, n))
     if spec.get("pid_file"):
-        Path(spec["pid_file"]).write_text(f"{child}\n")  # the container itself, for kill -9 from outside
+        # The container itself, for kill -9 from outside (in its own namespace: its init's child).
+        init = namespace_init(child) if own else None  # (own: child → the namespace's init → the container)
+        container_pid = namespace_init(init) if init is not None else child
+        Path(spec["pid_file"]).write_text(f"{container_pid or child}\n")
     argv = [spec["shim"], str(child)]
     if pipes:
         for read, write in pipes.values():

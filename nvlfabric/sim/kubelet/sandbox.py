@@ -4,7 +4,9 @@ A pod that is not `hostNetwork` gets an address of its node's block on the simul
 network (nvlfabric/sim/podnetwork.py) when it starts, and keeps it until it is deleted; if any of
 its containers runs as a process, also a network namespace there, which they all enter, so its
 ports are its own. The address is written in the pod's directory: a restarted kubelet gives a
-running pod the same one, and never hands it to another pod meanwhile.
+running pod the same one, and never hands it to another pod meanwhile. Its /etc/resolv.conf names
+the simulator's cluster DNS (clusterdns.py) at the pod network's gateway, as a kubelet's
+`--cluster-dns` does, by the pod's `dnsPolicy` and `dnsConfig`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from urllib.parse import urlparse
 
 from lightkube.resources.core_v1 import Pod
 
+from nvlfabric.sim.clusterdns import CLUSTER_DOMAIN
 from nvlfabric.sim.kubelet.state import NodeState, PodNotReady
 from nvlfabric.sim.podnetwork import PodNetwork, PodNetworkError
 
@@ -63,6 +66,30 @@ async def close_sandbox(net: PodNetwork | None, state: NodeState, uid: str) -> N
     if state.netns.pop(uid, None) is not None and net is not None and ip is not None:
         await net.remove(ip)
     (state.node.pod_dir(uid) / IP_FILE).unlink(missing_ok=True)
+
+
+def resolv_conf(pod: Pod, nameserver: str | None, domain: str = CLUSTER_DOMAIN) -> str | None:
+    """The pod's /etc/resolv.conf as the kubelet writes it for its `dnsPolicy` with the cluster's
+    DNS at `nameserver` (clusterdns.py), its `dnsConfig` added; None: the node's own file (policy
+    Default, a hostNetwork pod under ClusterFirst, or no cluster DNS)."""
+    assert pod.metadata is not None and pod.spec is not None
+    policy, cfg = pod.spec.dnsPolicy or "ClusterFirst", pod.spec.dnsConfig
+    wants = policy == "ClusterFirstWithHostNet" or (policy == "ClusterFirst" and not pod.spec.hostNetwork)
+    cluster = nameserver is not None and wants
+    if not cluster and policy != "None":
+        return None
+    ns = pod.metadata.namespace or "default"
+    searches = [f"{ns}.svc.{domain}", f"svc.{domain}", domain] if cluster else []
+    servers = [nameserver] if cluster and nameserver else []
+    options = {"ndots": "5"} if cluster else {}
+    if cfg is not None:
+        servers += [s for s in cfg.nameservers or [] if s not in servers]
+        searches += [s for s in cfg.searches or [] if s not in searches]
+        options.update({o.name: o.value or "" for o in cfg.options or [] if o.name})
+    lines = ([f"search {' '.join(searches)}"] if searches else []) + [f"nameserver {s}" for s in servers[:3]]
+    if options:
+        lines.append("options " + " ".join(f"{k}:{v}" if v else k for k, v in options.items()))
+    return "\n".join(lines) + "\n"
 
 
 def api_server_for(api_server: str, net: PodNetwork | None, state: NodeState, uid: str) -> str:

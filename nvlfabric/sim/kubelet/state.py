@@ -62,6 +62,9 @@ class NodeState:
     """The first process of the node's PID namespace (the node is a machine: its /proc is its own)."""
     pidns: str | None = None
     """/proc/<that process>/ns/pid, which the node's containers enter."""
+    pod_pidns: dict[str, tuple[subprocess.Popen[bytes], str]] = field(default_factory=dict)
+    """pod uid → the PID namespace its containers share (`shareProcessNamespace`: machine.py): the
+    process holding it, and its /proc/<first process>/ns/pid."""
     hollow_agent_pod: str | None = None
     """On a hollow node: the uid of the agent pod its HollowAgent stands in for (hollow.py)."""
     pod_ips: dict[str, str] = field(default_factory=dict)

@@ -2,6 +2,8 @@
  * nvlfabric-shim: what stays of a simulated container's proxy once its container runs.
  *
  *   nvlfabric-shim <child pid> [<CRI log path> <stdout fd> <stderr fd>]
+ *   nvlfabric-shim --init <child pid>
+ *   nvlfabric-shim --pause
  *
  * rootfs.py forks the container, then execs this in the proxy's place: the same process (its pid
  * is the one the kubelet or runtime started and signals), now a few hundred kB instead of a
@@ -10,6 +12,15 @@
  * container's log writer: each line of the two pipes becomes `<RFC 3339 time> stdout|stderr F
  * <line>` in the CRI log format the kubelet reads. It stops at the container's exit, not at the
  * pipes' end: what the container started and left running (an IMEX daemon) may hold them open.
+ *
+ * --init: the first process of a container's own PID namespace (rootfs.py), as `docker run --init`
+ * gives one: it forwards the signals to the container (pid <child pid> in that namespace), reaps
+ * every orphan the container leaves it, and exits with the container's status as soon as the
+ * container exits; the kernel then kills whatever else still runs in the namespace, so no
+ * process of a container outlives it.
+ *
+ * --pause: the first process of a node's or a pod's PID namespace (a sandbox's, as the pause
+ * container is): it only reaps the orphans re-parented to it, until SIGTERM or SIGINT.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -97,9 +108,46 @@ static int exit_code(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* --pause: reap until told to stop. */
+static int pause_and_reap(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    for (;;) {
+        int sig = sigwaitinfo(&set, NULL);
+        if (sig == SIGTERM || sig == SIGINT)
+            return 0;
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
+}
+
+/* --init: the container's status once it exits; every other child is reaped on the way. */
+static int init_and_reap(void) {
+    int status = 0;
+    for (;;) {
+        pid_t done = waitpid(-1, &status, 0);
+        if (done == child)
+            return exit_code(status);
+        if (done < 0 && errno != EINTR)
+            return 127;
+    }
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--pause") == 0)
+        return pause_and_reap();
+    int init = argc == 3 && strcmp(argv[1], "--init") == 0;
+    if (init) {
+        argv++;
+        argc--;
+    }
     if (argc != 2 && argc != 5) {
-        fprintf(stderr, "usage: %s <child pid> [<CRI log path> <stdout fd> <stderr fd>]\n", argv[0]);
+        fprintf(stderr, "usage: %s <child pid> [<CRI log path> <stdout fd> <stderr fd>] | --init <child pid> | --pause\n",
+                argv[0]);
         return 127;
     }
     child = (pid_t)atol(argv[1]);
@@ -111,6 +159,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaction(forwarded[i], &sa, NULL);
     int status = 0;
+    if (init)
+        return init_and_reap();
     if (argc == 2) {
         while (waitpid(child, &status, 0) < 0) {
             if (errno != EINTR)
