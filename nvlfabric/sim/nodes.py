@@ -116,7 +116,7 @@ class SimNode(BaseModel):
         """Whether process `pid` (a host pid) runs on this node: in the node's PID namespace, or in
         one inside it (a container's own, a pod's)."""
         node = self._namespace()
-        return node is not None and _in_namespace(pid, node[0])
+        return node is not None and in_pid_namespace(pid, node[0])
 
     def host_pid(self, pid: int) -> int | None:
         """The host pid of process `pid` as this node's PID namespace numbers it (what a pid
@@ -131,7 +131,7 @@ class SimNode(BaseModel):
                     continue
                 try:
                     nspid = _nspid(int(entry.name))
-                    if len(nspid) > level and nspid[level] == pid and _in_namespace(int(entry.name), ns):
+                    if len(nspid) > level and nspid[level] == pid and in_pid_namespace(int(entry.name), ns):
                         return int(entry.name)
                 except (OSError, StopIteration, ValueError):
                     continue
@@ -249,7 +249,7 @@ def _nspid(pid: int) -> list[int]:
     return [int(p) for p in next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))]
 
 
-def _in_namespace(pid: int, ns: os.stat_result) -> bool:
+def in_pid_namespace(pid: int, ns: os.stat_result) -> bool:
     """Whether process `pid`'s PID namespace is `ns` or one inside it (walked up with NS_GET_PARENT)."""
     try:
         fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)

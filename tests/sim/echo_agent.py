@@ -16,6 +16,7 @@ report = {
     "env": dict(os.environ),
     "args": sys.argv[1:],
     "pid": os.getpid(),
+    "instance": os.urandom(8).hex(),  # (its pid is the same in each instance's own PID namespace)
     "token": (sa_dir / "token").read_text() if (sa_dir / "token").exists() else None,
     "namespace": (sa_dir / "namespace").read_text() if (sa_dir / "namespace").exists() else None,
     "ca": (sa_dir / "ca.crt").exists(),

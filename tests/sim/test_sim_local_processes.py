@@ -116,10 +116,10 @@ def test_daemonset_pods_run_as_local_processes_that_see_a_pod_environment(cluste
         # Kill one: the kubelet restarts it and counts the restart in the pod status.
         victim = nodes[0]
         pod = by_node[victim.name]
-        first_pid = report(victim, pod.metadata.uid)["pid"]  # type: ignore[index]
+        first = report(victim, pod.metadata.uid)["instance"]  # type: ignore[index]
         assert "killed pid" in faults.inject(victim.dir.parent.parent, victim, "agent-killed")
         restarted = eventually("the killed agent to be restarted", lambda: (
-            r if (r := report(victim, pod.metadata.uid)) and r["pid"] != first_pid else None))
+            r if (r := report(victim, pod.metadata.uid)) and r["instance"] != first else None))
         assert restarted["env"]["NODE_NAME"] == victim.name
         status = eventually("restartCount 1", lambda: (
             s if (s := client.get(Pod, pod.metadata.name, namespace="default").status.containerStatuses[0])

@@ -32,7 +32,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret
 
 from nvlfabric.sim.cluster import eventually
-from nvlfabric.sim.nodes import SimNode
+from nvlfabric.sim.nodes import SimNode, in_pid_namespace
 from tests.conftest import Cluster
 from tests.support.simkubelet import standalone_kubelet, state_dir
 
@@ -221,21 +221,18 @@ def test_a_killed_kubelet_takes_its_nodes_and_their_containers_with_it(cluster: 
                 nodeName=n.name, containers=[Container(name="c", image=SHELL, args=["echo up; sleep 600"])])))
             eventually("the container to run", lambda: "up" in _log(node=n, pod=cluster.client.get(
                 Pod, pod, namespace="default"), container="c"), timeout=60)
-            init = int(n.machine_pid_file.read_text())
-            ns = os.readlink(f"/proc/{init}/ns/pid")
-            assert len(_in_namespace(ns)) >= 3  # the machine's sleep, the container's shell and its sleep
+            # The machine's first process, the container's init, its shell and its sleep (in a
+            # namespace of the container's own, inside the node's).
+            ns = os.stat(f"/proc/{int(n.machine_pid_file.read_text())}/ns/pid")
+            assert len(_in_or_under(ns)) >= 4
             proc.kill()
             proc.wait(timeout=10)
-            eventually("nothing left in the node's PID namespace", lambda: not _in_namespace(ns), timeout=15)
+            eventually("nothing left in the node's PID namespace", lambda: not _in_or_under(ns), timeout=15)
         finally:
             with contextlib.suppress(ApiError):  # no kubelet left to finish a graceful delete
                 cluster.client.delete(Pod, pod, namespace="default", grace_period=0)
 
 
-def _in_namespace(ns: str) -> list[int]:
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/ns/pid") == ns:
-                found.append(int(pid))
-    return found
+def _in_or_under(ns: os.stat_result) -> list[int]:
+    """Processes in PID namespace `ns` or one inside it."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and in_pid_namespace(int(p), ns)]

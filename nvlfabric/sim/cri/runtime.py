@@ -164,13 +164,6 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
 
     async def RunPodSandbox(self, request: cri.RunPodSandboxRequest, context: Any) -> cri.RunPodSandboxResponse:
         sandbox = Sandbox(id=uuid.uuid4().hex, config=request.config, created_at=now_ns())
-        if sandbox.pid_mode == cri.POD:  # the pod's containers share one PID namespace, as a pause holds it
-            sandbox.pause, init = machine.pid_namespace(self.s.shim, None)
-            if init is None:
-                sandbox.pause.kill()
-                sandbox.pause.wait()
-                raise _Failed("failed to start the pod's PID namespace (unshare --pid)")
-            sandbox.pidns = f"/proc/{init}/ns/pid"
         if sandbox.config.log_directory:
             Path(sandbox.config.log_directory).mkdir(parents=True, exist_ok=True)
         self.sandboxes[sandbox.id] = sandbox
@@ -275,6 +268,20 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
             return spec.user_specified_image
         return next((name for name, ref in self.images.items() if ref == spec.image), spec.image)
 
+    def _pod_pidns(self, sb: Sandbox) -> str | None:
+        """The PID namespace a container of `sb` is made in: the pod's (mode POD: its containers
+        share one, held by a pause from its first container that runs to its removal), else the
+        node's (this runtime's)."""
+        if sb.pid_mode == cri.POD and sb.pidns is None:
+            sb.pause, init = machine.pid_namespace(self.s.shim, None)
+            if init is None:
+                sb.pause.kill()
+                sb.pause.wait()
+                sb.pause = None
+                raise _Failed("failed to start the pod's PID namespace (unshare --pid)")
+            sb.pidns = f"/proc/{init}/ns/pid"
+        return sb.pidns
+
     def _write_spec(self, c: Container, program: ImageProgram, edits: ContainerEdits, sb: Sandbox) -> Path:
         config = c.config
         argv = program.argv(list(config.command), list(config.args))
@@ -293,7 +300,7 @@ class Runtime(cri_grpc.RuntimeServiceServicer, cri_grpc.ImageServiceServicer):
                 "cwd": config.working_dir or "/", "argv": argv, "env": c.env,
                 # The PID namespace the kubelet asks for: the pod's, the node's (this runtime's), or
                 # (CONTAINER, the default) one of the container's own inside the node's.
-                "pidns": sb.pidns, "own_pidns": sb.pid_mode == cri.CONTAINER,
+                "pidns": self._pod_pidns(sb), "own_pidns": sb.pid_mode == cri.CONTAINER,
                 "pid_file": str(work / "container.pid"), "cri_log": str(c.log_path), "shim": str(self.s.shim)}
         (work / "rootfs").mkdir(exist_ok=True)
         path = work / "container.json"
