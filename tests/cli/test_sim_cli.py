@@ -48,7 +48,7 @@ def test_second_up_while_running_says_so_and_changes_nothing(cluster: Cluster) -
 def test_status_lists_every_component_running(cluster: Cluster) -> None:
     result = sim("status", state_dir=cluster.controlplane.state_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "cluster-dns"):
         assert any(line.startswith(name) and "running" in line for line in result.stdout.splitlines()), name
 
 
@@ -107,7 +107,8 @@ def test_up_then_down_leaves_no_process_and_no_lock(own_controlplane: tuple[Path
     assert up.returncode == 0, up.stderr
     assert "control plane ready" in up.stderr
     state = ControlPlane(state_dir=state_dir, ports=ports).load_state()
-    assert state is not None and len(state.processes) == 4
+    assert state is not None and sorted(p.name for p in state.processes) == [
+        "cluster-dns", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
     assert all(processes.alive(p) for p in state.processes)
 
     down = sim("down", state_dir=state_dir)
