@@ -35,6 +35,7 @@ from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from nvlfabric.testbed.pulumi_cli import project_from_fixture
 from tests.conftest import free_ports, simulated_rack, stuck_deletions
+from tests.support.pulumimocks import EchoMocks
 
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}
 
@@ -345,16 +346,8 @@ def test_the_channel_quota_setting_is_an_input_of_the_component_provider_with_it
         assert f"  channel_quota_per_namespace: {words}" in _error(NvlfabricDriver, channel_quota_per_namespace=bad)
 
 
-class _Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 def test_a_domain_refuses_more_than_256_pods_over_its_workloads() -> None:
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     cd = ComputeDomain("cd")
     BoundJob("a", compute_domain=cd, pod_template=TEMPLATE, parallelism=200, gpus_per_pod=0)
     with pytest.raises(ComponentArgsError) as err:
@@ -363,7 +356,7 @@ def test_a_domain_refuses_more_than_256_pods_over_its_workloads() -> None:
 
 
 def test_the_component_takes_reservation_gate_as_the_readme_shows() -> None:
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     job = BoundJob("ungated", compute_domain=ComputeDomain("cd"), pod_template=TEMPLATE, reservation_gate=False)
     assert job.args.reservation_gate is False
 
@@ -371,7 +364,7 @@ def test_the_component_takes_reservation_gate_as_the_readme_shows() -> None:
 def test_a_domain_awaiting_ready_refuses_bound_workloads() -> None:
     """Its Job would be created only after the domain is Ready, which needs the Job's pods: `pulumi
     up` would hang for timeout_s (600 s by default) and fail. Refused at construction instead."""
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     cd = ComputeDomain("cd", spec={"numNodes": 18}, await_for="Ready")
     with pytest.raises(ComponentArgsError) as err:
         BoundJob("train", compute_domain=cd, pod_template=TEMPLATE, parallelism=72, gpus_per_pod=1)
@@ -515,7 +508,7 @@ def test_up_runs_bound_pods_with_the_channel_and_destroy_leaves_nothing(
 
 @pulumi.runtime.test
 def test_the_components_wire_up_under_mocks() -> Any:
-    pulumi.runtime.set_mocks(_Mocks(), preview=False)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=False)
     driver = NvlfabricDriver("nvl")
     rack = Nvl72Rack("rack-7", nodes=["rack-7-node-00", "rack-7-node-01"], expected_clique="abc.1")
     cd = ComputeDomain("wired", opts=pulumi.ResourceOptions(depends_on=[driver]))
@@ -604,7 +597,7 @@ def test_a_job_over_a_multi_clique_domain_is_a_group_per_clique_with_one_rank_or
     ({"reservation_gate": False}, "reservation_gate=False over a MultiClique domain"),
 ])
 def test_a_job_that_cannot_be_split_over_the_cliques_is_refused_naming_why(kwargs: dict[str, Any], words: str) -> None:
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     cd = ComputeDomain("big", spec=MULTI)
     args = {"parallelism": 72, "gpus_per_pod": 4, "pod_template": TEMPLATE} | kwargs
     msg = _error(BoundJob, compute_domain=cd, **args)
@@ -618,7 +611,7 @@ def test_a_single_clique_domain_of_19_nodes_fails_at_preview_naming_the_fix() ->
 
 
 def test_76_gpus_over_a_multi_clique_domain_fit_where_one_clique_would_not() -> None:
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     cd = ComputeDomain("big2", spec={"placement": {"scope": "MultiClique", "cliques": 2}})
     job = BoundJob("j", compute_domain=cd, pod_template=TEMPLATE, parallelism=38, gpus_per_pod=2)
     assert job.args.group_size == 19 and len(job.jobs) == 2

@@ -13,6 +13,7 @@ from nvlfabric.clusterview.scheduling import WorkloadApis
 from nvlfabric.components import BoundJob, ComputeDomain, clusterprobes, workload
 from nvlfabric.components.args import ComponentArgsError
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
+from tests.support.pulumimocks import EchoMocks
 
 APIS = WorkloadApis("scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha3")
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}
@@ -85,14 +86,6 @@ def test_a_cluster_without_composite_groups_cannot_gang_a_job_over_cliques() -> 
         _objs(2, apis=WorkloadApis(APIS.workload, APIS.pod_group, None))
 
 
-class _Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 def _resolve(monkeypatch: pytest.MonkeyPatch, found: WorkloadApis | Exception | None, *, cliques: int = 1,
              scheduler: str = "auto") -> BoundJob:
     def probed(namespace: str) -> WorkloadApis | None:
@@ -101,7 +94,7 @@ def _resolve(monkeypatch: pytest.MonkeyPatch, found: WorkloadApis | Exception | 
         return found
 
     monkeypatch.setattr(clusterprobes, "scheduling_apis", probed)
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     spec = {"numNodes": 2 * cliques, **({"placement": {"scope": "MultiClique", "cliques": cliques}}
                                         if cliques > 1 else {})}
     return BoundJob("train", compute_domain=ComputeDomain("cd", spec=spec), pod_template=TEMPLATE,

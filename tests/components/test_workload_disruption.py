@@ -39,6 +39,7 @@ from nvlfabric.components.workload import CREATED_ONLY, DISRUPTION_POLICY, Bound
 from nvlfabric.testbed.pulumi_cli import PulumiProject
 from tests.conftest import Cluster
 from tests.support.installed import platform_project
+from tests.support.pulumimocks import EchoMocks
 
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}
 ON_FAILURE = {"spec": {"restartPolicy": "OnFailure", "containers": TEMPLATE["spec"]["containers"]}}
@@ -128,14 +129,6 @@ def test_the_api_server_takes_the_manifests_job_and_defaults_its_pod_replacement
 # -- the resources' options ----------------------------------------------------------------------------
 
 
-class _Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 def test_the_workload_resources_ignore_changes_to_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each Job and JobSet resource ignores changes to the policy's path (the whole list of a
     JobSet's replicated Jobs); a StatefulSet and a LeaderWorkerSet ignore nothing."""
@@ -153,7 +146,7 @@ def test_the_workload_resources_ignore_changes_to_the_policy(monkeypatch: pytest
     monkeypatch.setattr(k8s.batch.v1, "Job", spy(k8s.batch.v1.Job))
     monkeypatch.setattr(k8s.apps.v1, "StatefulSet", spy(k8s.apps.v1.StatefulSet))
     monkeypatch.setattr(k8s.apiextensions, "CustomResource", spy(k8s.apiextensions.CustomResource))
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     installer = pulumi.CustomResource("test:index:Install", "crds")  # JobSet and LWS: told what installs them
     single = ComputeDomain("single")
     multi = ComputeDomain("multi", spec={"numNodes": 2, "placement": {"scope": "MultiClique", "cliques": 2}})

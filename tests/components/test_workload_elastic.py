@@ -37,6 +37,7 @@ from nvlfabric.provider import jobparallelism
 from nvlfabric.testbed.pulumi_cli import PulumiProject
 from tests.conftest import Cluster
 from tests.support.installed import platform_project
+from tests.support.pulumimocks import EchoMocks
 
 TEMPLATE = {"spec": {"containers": [{"name": "worker", "image": "registry.invalid/train:1"}]}}
 
@@ -97,14 +98,6 @@ def test_an_elastic_job_that_cannot_change_size_in_place_is_refused_with_the_rea
 # -- the resources' options ----------------------------------------------------------------------------
 
 
-class _Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 def test_an_elastic_jobs_size_is_its_own_resource(monkeypatch: pytest.MonkeyPatch) -> None:
     """The elastic Job's resource ignores parallelism and completions, and a JobParallelism
     resource after it holds them; a fixed Job has none, an elastic StatefulSet needs none
@@ -121,7 +114,7 @@ def test_an_elastic_jobs_size_is_its_own_resource(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(k8s.batch.v1, "Job", spy(k8s.batch.v1.Job))
     monkeypatch.setattr(k8s.apps.v1, "StatefulSet", spy(k8s.apps.v1.StatefulSet))
     monkeypatch.setattr(jobparallelism, "JobParallelism", spy(jobparallelism.JobParallelism))
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     domain = ComputeDomain("d")
     common: dict[str, Any] = {"compute_domain": domain, "gpu_resource": None, "pod_template": TEMPLATE}
     BoundJob("elastic", parallelism=3, max_parallelism=6, **common)
@@ -134,7 +127,7 @@ def test_an_elastic_jobs_size_is_its_own_resource(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_elastic_job_on_a_domain_of_another_fixed_size_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
-    pulumi.runtime.set_mocks(_Mocks(), preview=True)
+    pulumi.runtime.set_mocks(EchoMocks(), preview=True)
     warned: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warned.append(msg))
     common: dict[str, Any] = {"pod_template": TEMPLATE, "max_parallelism": 8, "scheduler": "nvlfabric"}
