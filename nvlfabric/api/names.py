@@ -8,6 +8,7 @@ loads it without any object models.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final
 
@@ -21,6 +22,22 @@ DRIVER: Final = "channel.nvlfabric.io"
 """Our DRA driver: the channel pools' driver, the kubelet plugin's name, the opaque config's driver."""
 DEVICE_CLASS: Final = "imex-channel.nvlfabric.io"
 """The DeviceClass every ComputeDomain's channel claim requests (`device.driver == DRIVER`)."""
+GPU_DRIVER: Final = "gpu.nvlfabric.io"
+"""The node's GPUs as DRA devices (the agent's second kubelet plugin, nodeagent/gpus.py): one pool
+per node, named as the node, where a GPU whose fabric is unhealthy carries a device taint."""
+GPU_DEVICE_CLASS: Final = "gpu.nvlfabric.io"
+"""The DeviceClass of whole GPUs (`device.driver == GPU_DRIVER`)."""
+GPU_TAINT_EFFECTS: Final = ("NoSchedule", "NoExecute", "None")
+"""What a sick GPU's device taint does: no new claim gets it (NoSchedule, the default); also evict
+the pods whose claims hold it (NoExecute: kube-controller-manager's device-taint-eviction);
+only show it (None)."""
+DEFAULT_GPU_TAINT_EFFECT: Final = "NoSchedule"
+GPU_CDI_KIND: Final = f"k8s.{GPU_DRIVER}/gpu"
+"""`k8s.gpu.nvlfabric.io/gpu`: the CDI kind of the node's GPUs (device `gpu-<index>`)."""
+GPU_CDI_SPEC_FILE: Final = f"k8s.{GPU_DRIVER}-gpu.json"
+"""The one CDI spec of the node's GPUs, rewritten when they change."""
+NVIDIA_GPU_MAJOR: Final = 195
+"""The character major of /dev/nvidia<minor> and /dev/nvidiactl (minor 255): the NVIDIA driver's fixed number."""
 NAMESPACE: Final = "nvlfabric-system"
 """Where the driver runs; fixed, because the admission policies name its service accounts."""
 AGENT_FIELD_MANAGER_PREFIX: Final = "nvlfabric-agent-"
@@ -352,6 +369,20 @@ def pinned_clique_of(expression: str) -> str | None:
     """The clique a channel claim's selector pins (the inverse of `pinned_clique_selector`), or None."""
     m = _PINNED_RE.match(expression)
     return m.group(1) if m else None
+
+
+def gpu_device(index: int) -> str:
+    """A node's GPU as a device of GPU_DRIVER: `gpu-<index>` (NVML's index when first seen this boot)."""
+    return f"gpu-{index}"
+
+
+def gpu_slice_name(node: str) -> str:
+    """The ResourceSlice of `node`'s GPUs: `<node>-gpus`, or a digest of the node name when that
+    would be longer than an object name may be."""
+    name = f"{node}-gpus"
+    if len(name) <= 253:
+        return name
+    return f"{node[:200].rstrip('.-')}-{hashlib.sha256(node.encode()).hexdigest()[:16]}-gpus"
 
 
 def channel_device(channel: int) -> str:

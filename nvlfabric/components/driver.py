@@ -11,7 +11,7 @@ and this component only applies its settings to them. Every object is labelled
 from __future__ import annotations
 
 import copy
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -69,6 +69,20 @@ class NvlfabricDriverArgs(BaseModel):
         names.DEFAULT_IMEX_CERT_VALIDITY_S, ge=names.MIN_IMEX_CERT_VALIDITY_S,
         description="seconds an IMEX node certificate lasts; agents renew it after two thirds, under the running "
                     "domain")
+    gpu_devices: Literal["DevicePlugin", "DRA"] = Field(
+        "DevicePlugin",
+        description="who hands out the nodes' GPUs: DevicePlugin (NVIDIA's device plugin or another, as "
+                    "nvidia.com/gpu; nvlfabric publishes none) or DRA (each agent publishes its node's GPUs as "
+                    "devices of driver gpu.nvlfabric.io, a GPU whose NVLink fabric is unhealthy carrying a device "
+                    "taint, and DeviceClass gpu.nvlfabric.io serves nvidia.com/gpu requests on nodes without a "
+                    "device plugin); never DRA where a device plugin offers the same GPUs, which would hand a GPU "
+                    "out twice")
+    gpu_taint_effect: Literal["NoSchedule", "NoExecute", "None"] = Field(
+        names.DEFAULT_GPU_TAINT_EFFECT,
+        description="what the device taint of a GPU whose NVLink fabric is unhealthy does (DRA device taints on the "
+                    "node's GPU slice, driver gpu.nvlfabric.io): NoSchedule (no new claim gets the GPU; running pods "
+                    "stay), NoExecute (also evict the pods whose claims hold it, unless they tolerate the taint), None "
+                    "(only show it)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels for every object")
 
     @field_validator("kubelet_root")
@@ -119,6 +133,9 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
     for doc in docs:
         obj = copy.deepcopy(doc)
         _label(obj, args.labels)
+        if obj["kind"] == "DeviceClass" and obj["metadata"]["name"] == names.GPU_DEVICE_CLASS \
+                and args.gpu_devices == "DRA":
+            obj["spec"]["extendedResourceName"] = names.GPU_RESOURCE
         if obj["kind"] in ("DaemonSet", "Deployment"):
             pod = obj["spec"]["template"]["spec"]
             for c in pod["containers"]:
@@ -132,6 +149,10 @@ def driver_objects(args: NvlfabricDriverArgs, manifest: str | None = None) -> li
                         _set_env(c, "IMEX_AUTHENTICATION", args.imex_authentication.value)
                     if args.imex_cert_validity_s != names.DEFAULT_IMEX_CERT_VALIDITY_S:
                         _set_env(c, "IMEX_CERT_VALIDITY", str(args.imex_cert_validity_s))
+                if any(e.get("name") == "PUBLISH_GPUS" for e in c.get("env") or []):
+                    _set_env(c, "PUBLISH_GPUS", "true" if args.gpu_devices == "DRA" else "false")
+                if any(e.get("name") == "GPU_TAINT_EFFECT" for e in c.get("env") or []):
+                    _set_env(c, "GPU_TAINT_EFFECT", args.gpu_taint_effect)
                 if any(e.get("name") == "IMEX_MODES" for e in c.get("env") or []):
                     _set_env(c, "IMEX_MODES", ",".join(m.value for m in args.imex_modes))
                 for m in c.get("volumeMounts") or []:
@@ -171,6 +192,7 @@ class NvlfabricDriver(pulumi.ComponentResource):
                  channel_quota_per_namespace: int = names.DEFAULT_CHANNEL_QUOTA_PER_NAMESPACE,
                  imex_modes: list[str] | None = None,
                  imex_authentication: str = "Disabled", imex_cert_validity_s: int = names.DEFAULT_IMEX_CERT_VALIDITY_S,
+                 gpu_devices: str = "DevicePlugin", gpu_taint_effect: str = names.DEFAULT_GPU_TAINT_EFFECT,
                  labels: dict[str, str] | None = None, opts: pulumi.ResourceOptions | None = None,
                  **unknown: Any) -> None:
         self.args = validate(NvlfabricDriverArgs, "NvlfabricDriver", resource_name, {
@@ -178,6 +200,7 @@ class NvlfabricDriver(pulumi.ComponentResource):
             "channels_per_clique": channels_per_clique, "channel_quota_per_namespace": channel_quota_per_namespace,
             "labels": labels or {},
             "imex_authentication": imex_authentication, "imex_cert_validity_s": imex_cert_validity_s,
+            "gpu_devices": gpu_devices, "gpu_taint_effect": gpu_taint_effect,
             **({"imex_modes": imex_modes} if imex_modes is not None else {})}, unknown)
         program.driver_modes(resource_name, {m.value for m in self.args.imex_modes})
         super().__init__("nvlfabric:index:NvlfabricDriver", resource_name, None, opts)

@@ -4,7 +4,9 @@ The agent:
 1. discovers the GPUs and the NVLink clique through NVML (from the driver root);
 2. labels its own Node `nvlfabric.io/clique=<clique>` (or removes the label while the fabric is
    not ready, and says why), so the controller publishes the clique's channel pool (cliquelabel.py);
-3. serves the kubelet plugin sockets and prepares channel claims (driver.py);
+3. serves the kubelet plugin sockets and prepares channel claims (driver.py), and publishes the
+   node's GPUs as devices of a second plugin, tainted while their fabric is sick, when told to
+   (--publish-gpus; gpus.py);
 4. reads NVML every second and tells the cluster within seconds when the fabric's health changes
    (fabrichealth.py: Node condition and taint, Event, metrics, the health stream);
 5. runs housekeeping (IMEX domains, aborted checkpoint entries) every --resync-seconds (resync.py);
@@ -24,6 +26,7 @@ from nvlfabric.nodeagent import checkpoint, discovery, fabrichealth, kubeapi, me
 from nvlfabric.nodeagent.cliquelabel import label_node
 from nvlfabric.nodeagent.devicehealth import device_health
 from nvlfabric.nodeagent.driver import ChannelDriver, NodeIdentity, Paths
+from nvlfabric.nodeagent.gpus import Gpus, withdraw_gpus
 from nvlfabric.nodeagent.server import PluginServer, SocketPaths
 from nvlfabric.nodeagent.settings import Settings
 
@@ -35,7 +38,10 @@ def run(*, cfg: Settings, stop: threading.Event) -> int:
     tune_malloc()
     log.info("nvlfabric %s: node agent of node %s", __version__, cfg.node_name)  # which release runs here
     client = client_from(cfg, f"{names.AGENT_FIELD_MANAGER_PREFIX}{cfg.node_name}")
-    monitor = _fabric_monitor(cfg, client)
+    node_gpus = Gpus(client, cfg.node_name, cfg.cdi_root, cfg.gpu_taint_effect) if cfg.publish_gpus else None
+    if node_gpus is None:
+        withdraw_gpus(client, cfg.node_name, cfg.cdi_root)
+    monitor = _fabric_monitor(cfg, client, node_gpus)
     found = monitor.check()
     if monitor.verdict.reason == fabrichealth.NVML_ERROR:
         log.error("%s; check --driver-root (%s) and that the NVIDIA driver is loaded", found.reason, cfg.driver_root)
@@ -49,6 +55,12 @@ def run(*, cfg: Settings, stop: threading.Event) -> int:
                           health=device_health(driver, monitor, lambda: labelled.found),
                           health_port=cfg.health_port, listen_address=cfg.listen_address)
     server.start()
+    # The GPUs' plugin: stateless prepare, its own sockets, no probes (the channel plugin's are the agent's).
+    gpu_server = None if node_gpus is None else PluginServer(
+        paths=SocketPaths(kubelet_root=cfg.kubelet_root, driver=names.GPU_DRIVER), driver=node_gpus,
+        health=node_gpus.health, workers=4)
+    if gpu_server is not None:
+        gpu_server.start()
     # Bring back the IMEX domains that prepared claims need now, not at the first resync.
     driver.housekeeping(clique=found.clique)
     metrics.serve(cfg.metrics_port, cfg.listen_address)
@@ -57,6 +69,8 @@ def run(*, cfg: Settings, stop: threading.Event) -> int:
         return resync.run(cfg=cfg, stop=stop, client=client, monitor=monitor, driver=driver, server=server,
                           labelled=labelled)
     finally:
+        if gpu_server is not None:
+            gpu_server.stop()
         server.stop()
         driver.stop()
 
@@ -68,7 +82,7 @@ def client_from(cfg: Settings, manager: str) -> kubeapi.Client:
     return kubeapi.Client(kubeapi.from_service_account(cfg.service_account_dir), field_manager=manager)
 
 
-def _fabric_monitor(cfg: Settings, client: kubeapi.Client) -> fabrichealth.Monitor:
+def _fabric_monitor(cfg: Settings, client: kubeapi.Client, node_gpus: Gpus | None) -> fabrichealth.Monitor:
     """The NVLink fabric's watcher, over an NVML session open for the agent's life (see Session)."""
     try:
         boot_id = checkpoint.read_boot_id(cfg.boot_id)
@@ -78,7 +92,8 @@ def _fabric_monitor(cfg: Settings, client: kubeapi.Client) -> fabrichealth.Monit
     return fabrichealth.Monitor(client, cfg.node_name, reader=lambda: fabrichealth.read(nvml),
                                 known=fabrichealth.KnownGpus(cfg.kubelet_root / "plugins" / DRIVER / "gpus.json",
                                                              boot_id),
-                                relabel=lambda fresh: label_node(client, cfg.node_name, fresh))
+                                relabel=lambda fresh: label_node(client, cfg.node_name, fresh),
+                                on_reading=node_gpus.sync if node_gpus is not None else None)
 
 
 def tune_malloc() -> None:

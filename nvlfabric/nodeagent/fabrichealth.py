@@ -218,7 +218,8 @@ class Monitor:
 
     def __init__(self, client: kubeapi.Client, node: str, *, known: KnownGpus,
                  reader: Callable[[], tuple[NodeDiscovery, str]], poll_s: float = POLL_S,
-                 relabel: Callable[[NodeDiscovery], None] | None = None) -> None:
+                 relabel: Callable[[NodeDiscovery], None] | None = None,
+                 on_reading: Callable[[NodeDiscovery, Verdict, Mapping[str, int]], None] | None = None) -> None:
         self.client = client
         self.node = node
         self.known = known
@@ -227,6 +228,8 @@ class Monitor:
         self.relabel = relabel
         """Called when the clique or registration changed since the last reading (the agent's
         clique label), so the label says what the condition says, not a resync later."""
+        self.on_reading = on_reading
+        """Called with every reading, its verdict and the GPUs known this boot (the GPU slice, gpus.py)."""
         self._labelled: tuple[str | None, bool] | None = None
         self.latest = NodeDiscovery()
         self.verdict = Verdict(False, NOT_READY, "NVML not read yet")
@@ -242,6 +245,8 @@ class Monitor:
         self.latest = found
         if verdict != self.verdict:  # replaced only on change: readers compare by identity
             self.verdict = verdict
+        if self.on_reading is not None:
+            self.on_reading(found, self.verdict, self.known.gpus)
         metrics.FABRIC_READY.set(1 if found.fabric_ready else 0)
         metrics.FABRIC_HEALTHY.set(1 if verdict.healthy else 0)
         metrics.FABRIC_UNHEALTHY_GPUS.set(len(verdict.gpus))

@@ -255,6 +255,9 @@ class Client:
         return self.request("PATCH", path, body, content_type=content_type,
                             query={"fieldManager": self.field_manager})
 
+    def delete(self, path: str) -> JSON:
+        return self.request("DELETE", path)
+
     def apply(self, path: str, body: JSON, *, field_manager: str | None = None, force: bool = True) -> JSON:
         """Server-side apply under `field_manager` (default: this client's)."""
         query = {"fieldManager": field_manager or self.field_manager, "force": "true" if force else "false"}

@@ -50,6 +50,11 @@ class Settings:
     """Prometheus metrics (/metrics); 0 disables."""
     imex_keeper_socket: Path
     """The IMEX keeper's socket (the `nvlfabric-imex` DaemonSet's pod runs this node's IMEX daemons)."""
+    publish_gpus: bool = False
+    """Publish the node's GPUs as DRA devices (nodeagent/gpus.py): only where no device plugin
+    hands out the same GPUs (NvlfabricDriver gpu_devices='DRA')."""
+    gpu_taint_effect: str = names.DEFAULT_GPU_TAINT_EFFECT
+    """The effect of a sick GPU's device taint in the node's GPU slice (nodeagent/gpus.py)."""
     registration_timeout_s: float = 60.0
     """The agent exits (1) when the kubelet has not registered it this long after it started
     serving: its sockets are not where this node's kubelet looks. 0: wait for ever."""
@@ -79,6 +84,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     opt("--metrics-port", "METRICS_PORT", "0", "Prometheus metrics (/metrics); 0 disables")
     opt("--registration-timeout", "REGISTRATION_TIMEOUT", "60",
         "seconds to wait for the kubelet to register the plugin before exiting; 0: for ever")
+    opt("--publish-gpus", "PUBLISH_GPUS", "false",
+        "publish the node's GPUs as devices of driver gpu.nvlfabric.io, a sick one tainted; only where no device "
+        "plugin hands out the same GPUs: true or false")
+    opt("--gpu-taint-effect", "GPU_TAINT_EFFECT", names.DEFAULT_GPU_TAINT_EFFECT,
+        "the device taint of a GPU whose NVLink fabric is unhealthy: NoSchedule (no new claim gets it), "
+        "NoExecute (also evict the pods that hold it), None (only show it)")
     opt("--imex-keeper-socket", "IMEX_KEEPER_SOCKET", "",
         "the IMEX keeper's socket (default: keeper.sock in the IMEX work directory under the kubelet root)")
     return ap
@@ -94,6 +105,13 @@ def _timeout(value: str) -> float:
         return process.seconds(value, flag="--registration-timeout", env="REGISTRATION_TIMEOUT")
     except SettingsError as exc:
         raise SettingsError(f"{exc} (0: wait for ever)") from None
+
+
+def _choice(value: str, allowed: Sequence[str], flag: str, env: str) -> str:
+    """`value` when it is one of `allowed` (an environment twin is not checked by argparse)."""
+    if value not in allowed:
+        raise SettingsError(f"{flag} / ${env}: {value!r} is not one of {', '.join(allowed)}")
+    return value
 
 
 def _port(value: str, flag: str, env: str) -> int:
@@ -115,6 +133,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         health_port=_port(a.health_port, "--health-port", "HEALTH_PORT"),
         metrics_port=_port(a.metrics_port, "--metrics-port", "METRICS_PORT"),
         registration_timeout_s=_timeout(a.registration_timeout),
+        gpu_taint_effect=_choice(a.gpu_taint_effect, names.GPU_TAINT_EFFECTS, "--gpu-taint-effect", "GPU_TAINT_EFFECT"),
+        publish_gpus=_choice(a.publish_gpus, ("true", "false"), "--publish-gpus", "PUBLISH_GPUS") == "true",
         imex_keeper_socket=Path(a.imex_keeper_socket or names.imex_keeper_socket(a.kubelet_root)))
 
 

@@ -348,3 +348,27 @@ def test_the_imex_domain_ids_the_agent_records_are_the_ones_it_reads_back() -> N
     assert not imexconfig.is_dedicated(imexconfig.clique_domain_id(clique))
     assert all(imexconfig.is_domain_id(d) for d in (imexconfig.clique_domain_id(clique),
                                                     imexconfig.dedicated_domain_id(uid)))
+
+
+@pytest.mark.parametrize(("devices", "effect"), [("DevicePlugin", "NoSchedule"), ("DRA", "NoExecute"), ("DRA", "None")])
+def test_the_agents_read_the_gpu_settings_the_component_gives_them(devices: str, effect: str) -> None:
+    """NvlfabricDriver(gpu_devices, gpu_taint_effect) → the agents' DaemonSet env → the agent's
+    settings; DRA also lets the GPU DeviceClass serve nvidia.com/gpu, DevicePlugin must not (a GPU
+    would be handed out twice)."""
+    from nvlfabric.nodeagent.settings import parse
+
+    objs = driver_objects(NvlfabricDriverArgs(gpu_devices=devices, gpu_taint_effect=effect))  # type: ignore[arg-type]
+    agent = next(o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvlfabric-agent")
+    env = {e["name"]: e["value"] for e in agent["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    cfg = parse([], {**env, "NODE_NAME": "gb-1", "NODE_IP": "10.0.0.1"})
+    assert (cfg.publish_gpus, cfg.gpu_taint_effect) == (devices == "DRA", effect)
+    assert set(names.GPU_TAINT_EFFECTS) == set(NvlfabricDriverArgs.model_fields["gpu_taint_effect"].annotation.__args__)
+    (gpu_class,) = [o for o in objs if o["kind"] == "DeviceClass" and o["metadata"]["name"] == names.GPU_DEVICE_CLASS]
+    assert gpu_class["spec"].get("extendedResourceName") == (names.GPU_RESOURCE if devices == "DRA" else None)
+    with pytest.raises(ValidationError, match="gpu_taint_effect"):
+        NvlfabricDriverArgs(gpu_taint_effect="Evict")  # type: ignore[arg-type]
+    node = {"NODE_NAME": "gb-1", "NODE_IP": "10.0.0.1"}
+    with pytest.raises(SettingsError, match=r"--gpu-taint-effect / \$GPU_TAINT_EFFECT: 'Evict' is not one of No"):
+        parse([], {**node, "GPU_TAINT_EFFECT": "Evict"})
+    with pytest.raises(SettingsError, match=r"--publish-gpus / \$PUBLISH_GPUS: 'yes' is not one of true, false"):
+        parse(["--publish-gpus", "yes"], node)

@@ -10,6 +10,7 @@ of the fault clearing, every signal is back and the waiting pod starts there."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.request
 import uuid
@@ -17,8 +18,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lightkube import Client, codecs
+from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import Container, EnvVar, PodResourceClaim, PodSpec, ResourceRequirements, Toleration
+from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nvlfabric import manifests
 from nvlfabric.api import names
@@ -198,3 +204,144 @@ def test_a_fabric_fault_on_a_node_with_running_pods_is_told_within_5s_then_clear
         p.status.phase == "Running" and p.spec.nodeName == node.name
         if (p := client.get(Pod, f"{b}-0", namespace="default")) else None), timeout=60)
     assert client.get(Pod, f"{a}-0", namespace="default").metadata.uid == running
+
+
+# -- the node's GPUs as DRA devices (nodeagent/gpus.py) -------------------------------------------
+
+def gpu_slice(client: Client, node: str) -> dict[str, Any] | None:
+    """device name → its taints ([(key, value, effect)]) in the node's GPU slice (None: no slice)."""
+    try:
+        s = client.get(ResourceSlice, names.gpu_slice_name(node))
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+    assert s.spec.driver == names.GPU_DRIVER and s.spec.nodeName == node and s.spec.pool.name == node
+    return {d.name: [(t.key, t.value, t.effect) for t in d.taints or []] for d in s.spec.devices or []}
+
+
+def gpu_pod(client: Client, name: str, node: str, count: int) -> None:
+    """A claim for `count` GPUs of the node and a pod holding it, tolerating the node's fabric taint
+    (so only the device taints keep it from a sick GPU)."""
+    client.create(ResourceClaim.from_dict({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": names.GPU_DEVICE_CLASS, "allocationMode": "ExactCount", "count": count}}]}}}))
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node},
+        tolerations=[Toleration(key=names.FABRIC_UNHEALTHY_TAINT, operator="Exists", effect="NoSchedule")],
+        resourceClaims=[PodResourceClaim(name="gpus", resourceClaimName=name)],
+        containers=[Container(name="worker", image="registry.invalid/train:1",
+                              resources=ResourceRequirements(claims=[ContainerClaim(name="gpus")]))])))
+
+
+def allocated(client: Client, claim: str) -> list[str]:
+    status = client.get(ResourceClaim, claim, namespace="default").status
+    return sorted(r.device for r in (status.allocation.devices.results if status and status.allocation else []))
+
+
+def running(client: Client, pod: str) -> bool:
+    p = client.get(Pod, pod, namespace="default")
+    return p.status.phase == "Running" and p.metadata.deletionTimestamp is None
+
+
+def gpu_health(client: Client, pod: str) -> dict[str, tuple[str, str | None]]:
+    status = client.get(Pod, pod, namespace="default").status
+    return {r.resourceID: (r.health, r.message) for cs in status.containerStatuses or []
+            for rs in cs.allocatedResourcesStatus or [] for r in rs.resources}
+
+
+def set_agent_env(client: Client, **env: str) -> None:
+    """Driver settings, as NvlfabricDriver(gpu_devices=..., gpu_taint_effect=...) sets them: the
+    agents roll; returns once the new agent runs."""
+    labels = {"app.kubernetes.io/name": "nvlfabric-agent"}
+    old = {p.metadata.uid for p in client.list(Pod, namespace=names.NAMESPACE, labels=labels)}
+    ds = client.get(DaemonSet, "nvlfabric-agent", namespace=names.NAMESPACE)
+    (agent,) = ds.spec.template.spec.containers
+    agent.env = [e for e in agent.env or [] if e.name not in env] + [EnvVar(name=k, value=v) for k, v in env.items()]
+    client.replace(ds)
+    eventually("the agent to roll with the new settings", lambda: [
+        p for p in client.list(Pod, namespace=names.NAMESPACE, labels=labels)
+        if p.metadata.uid not in old and p.status.phase == "Running"], timeout=90)
+
+
+def test_a_sick_gpu_is_tainted_in_the_nodes_slice_so_no_claim_gets_it_and_noexecute_evicts(
+        sim: tuple[ControlPlane, Client]) -> None:
+    """Issue 51 item 4. Told to (gpu_devices DRA), the agent publishes the node's GPUs (driver
+    gpu.nvlfabric.io); a GPU whose
+    fabric NVML reports degraded is tainted within 5 s, so a claim that needs it is not allocated,
+    the pod holding it sees it Unhealthy, and the taint clears when NVML reports it healthy. With
+    the driver set to NoExecute, kube-controller-manager evicts the pod whose claim holds it and
+    leaves the others."""
+    cp, client = sim
+    (node,) = cp.nodes()
+    devices = [names.gpu_device(i) for i in range(4)]
+    run = uuid.uuid4().hex[:5]
+    held, wants3, wants2 = f"gpu-held-{run}", f"gpu-three-{run}", f"gpu-two-{run}"
+    assert gpu_slice(client, node.name) is None  # the default: GPUs are a device plugin's, none published
+    try:
+        set_agent_env(client, PUBLISH_GPUS="true")  # NvlfabricDriver(gpu_devices="DRA")
+        eventually("the agent to publish the node's GPUs", lambda: (
+            s if (s := gpu_slice(client, node.name)) == {d: [] for d in devices} else None), timeout=60)
+        gpu_pod(client, held, node.name, 1)
+        eventually(f"pod {held} to run", lambda: running(client, held), timeout=60)
+        assert allocated(client, held) == ["gpu-0"]  # first fit
+        gpu0 = f"{names.GPU_CDI_KIND}=gpu-0"
+        eventually("the held GPU reported Healthy", lambda: gpu_health(client, held).get(gpu0, ("",))[0] == "Healthy",
+                   timeout=30)
+
+        # GPU 3 sick (not held): tainted, so three more GPUs cannot be had; two can, not GPU 3.
+        t0 = time.monotonic()
+        faults.inject(cp.state_dir, node, "fabric-degraded", gpus=[3])
+        try:
+            taint = (names.FABRIC_UNHEALTHY_TAINT, "FabricDegraded", "NoSchedule")
+            within(BOUND_S, t0, {"GPU 3 tainted": lambda: gpu_slice(client, node.name) == {
+                **{d: [] for d in devices}, "gpu-3": [taint]}})
+            gpu_pod(client, wants3, node.name, 3)
+            unschedulable = eventually(f"pod {wants3} to be refused by the scheduler", lambda: next((
+                c for c in client.get(Pod, wants3, namespace="default").status.conditions or []
+                if c.type == "PodScheduled" and c.reason == "Unschedulable"), None), timeout=30)
+            assert "claim" in (unschedulable.message or ""), unschedulable.message
+            assert allocated(client, wants3) == []
+            gpu_pod(client, wants2, node.name, 2)
+            eventually(f"pod {wants2} to run", lambda: running(client, wants2), timeout=60)
+            assert allocated(client, wants2) == ["gpu-1", "gpu-2"]
+            assert running(client, held) and allocated(client, held) == ["gpu-0"]
+        finally:
+            t1 = time.monotonic()
+            faults.inject(cp.state_dir, node, "clear")
+        within(BOUND_S, t1, {"taint cleared": lambda: gpu_slice(client, node.name) == {d: [] for d in devices}})
+        client.delete(Pod, wants2, namespace="default", grace_period=0)
+        eventually(f"pod {wants3} to run once GPU 3 is healthy and free", lambda: running(client, wants3), timeout=90)
+        assert allocated(client, wants3) == ["gpu-1", "gpu-2", "gpu-3"]
+
+        # NoExecute: GPU 0 sick evicts the pod that holds it, not the one on healthy GPUs.
+        set_agent_env(client, GPU_TAINT_EFFECT="NoExecute")
+        t2 = time.monotonic()
+        faults.inject(cp.state_dir, node, "fabric-degraded", gpus=[0])
+        try:
+            within(BOUND_S, t2, {
+                "GPU 0 tainted NoExecute": lambda: (gpu_slice(client, node.name) or {}).get("gpu-0") == [
+                    (names.FABRIC_UNHEALTHY_TAINT, "FabricDegraded", "NoExecute")],
+                "held GPU Unhealthy": lambda: gpu_health(client, held).get(gpu0, ("",))[0] == "Unhealthy"})
+
+            def evicted() -> Any:
+                p = client.get(Pod, held, namespace="default")
+                return next((c for c in p.status.conditions or [] if c.type == "DisruptionTarget"), None) \
+                    if p.metadata.deletionTimestamp else None
+
+            cond = eventually(f"pod {held} to be evicted for the tainted GPU", evicted, timeout=30)
+            assert cond.reason == "DeletionByDeviceTaintManager", cond
+            assert running(client, wants3), "a pod on healthy GPUs is left alone"
+        finally:
+            faults.inject(cp.state_dir, node, "clear")
+        eventually("the taint to clear", lambda: (gpu_slice(client, node.name) or {}).get("gpu-0") == [], timeout=10)
+    finally:
+        for name in (held, wants3, wants2):
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, name, namespace="default", grace_period=0)
+            with contextlib.suppress(ApiError):
+                client.delete(ResourceClaim, name, namespace="default")
+        set_agent_env(client, PUBLISH_GPUS="false", GPU_TAINT_EFFECT=names.DEFAULT_GPU_TAINT_EFFECT)
+    # Back to the device plugin's GPUs: the agent withdraws the slice an earlier one published.
+    eventually("the GPU slice to be withdrawn", lambda: gpu_slice(client, node.name) is None, timeout=30)

@@ -3,8 +3,8 @@
 RBAC lets the agent's service account patch any Node and the status of any ComputeDomain; the
 ValidatingAdmissionPolicy in nvlfabric/manifests/driver/driver.yaml narrows that to the agent's own node, taken
 from its pod-bound token (`authentication.kubernetes.io/node-name`): the `nvlfabric.io/` labels and
-the `NVLinkFabricReady` condition of its own Node and its own `status.nodes[name=<node>]` entry of
-ComputeDomains, nothing else, and no ResourceSlice at all. A second policy keeps the controller's
+the `NVLinkFabricReady` condition of its own Node, its own `status.nodes[name=<node>]` entry of
+ComputeDomains and its own node's GPU slice, nothing else. A second policy keeps the controller's
 ResourceSlices to clique pools of our driver; its role lets it reserve channel claims for pods.
 
 The tests act with real service-account tokens: one bound to a pod on node-a (as the kubelet gives
@@ -42,6 +42,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.models.resource_v1 import (
     Device,
+    DeviceTaint,
     ResourcePool,
     ResourceSliceSpec,
 )
@@ -374,22 +375,42 @@ def channel_slice(name: str, *, driver: str = DRIVER, node_name: str | None = No
         devices=[Device(name="channel-1")]))
 
 
-def test_agent_may_not_write_resource_slices(env: Env) -> None:
+def gpu_slice(node: str, *, pool: str | None = None) -> ResourceSlice:
+    return ResourceSlice(metadata=ObjectMeta(name=names.gpu_slice_name(node)), spec=ResourceSliceSpec(
+        driver=names.GPU_DRIVER, nodeName=node,
+        pool=ResourcePool(name=pool or node, generation=1, resourceSliceCount=1), devices=[Device(name="gpu-0")]))
+
+
+def test_agent_writes_only_its_own_nodes_gpu_slice(env: Env) -> None:
+    """The agent publishes its node's GPUs (nodeagent/gpus.py); a hijacked agent may not publish
+    channels (a pool the scheduler would hand out as IMEX channels), another node's GPUs, or a
+    pool named otherwise."""
     name = f"agent-slice-{env.suffix}"
-    # RBAC already refuses (the agent's role has no ResourceSlice verbs) ...
-    with pytest.raises(ApiError) as info:
-        env.agent.create(channel_slice(name, node_name=env.node_a))
-    assert info.value.status.code == 403
-    # ... and the policy refuses even when someone grants them, for its own node too.
+    own = env.agent.create(gpu_slice(env.node_a))
     try:
-        with granted(env, "slices", PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceslices"],
-                                               verbs=["create"])):
-            msg = eventually_denied(lambda: env.agent.create(channel_slice(name, node_name=env.node_a)))
-        assert f"nvlfabric-agent on node {env.node_a} may not CREATE ResourceSlice {name}" in msg
+        own.spec.devices[0].taints = [DeviceTaint(key=names.FABRIC_UNHEALTHY_TAINT, value="FabricDegraded",
+                                                  effect="NoSchedule")]
+        env.agent.replace(own)
+        msg = denied(lambda: env.agent.create(channel_slice(name)))
+        assert f"nvlfabric-agent on node {env.node_a} may not CREATE ResourceSlice {name} (driver {DRIVER} of " \
+            "no single node)" in msg
         assert "published only by nvlfabric-controller" in msg
+        msg = denied(lambda: env.agent.create(channel_slice(name, node_name=env.node_a)))
+        assert f"(driver {DRIVER} of node {env.node_a})" in msg
+        msg = denied(lambda: env.agent.create(gpu_slice(env.node_b)))
+        assert f"(driver {names.GPU_DRIVER} of node {env.node_b})" in msg
+        assert f"its own node's GPU slice (driver {names.GPU_DRIVER}, spec.nodeName and pool {env.node_a})" in msg
+        denied(lambda: env.agent.create(ResourceSlice(metadata=ObjectMeta(name=name), spec=gpu_slice(
+            env.node_a, pool="elsewhere").spec)))
+        # Another node's slice, written by its own agent or anyone else, is not this agent's to delete.
+        env.admin.create(gpu_slice(env.node_b))
+        msg = denied(lambda: env.agent.delete(ResourceSlice, names.gpu_slice_name(env.node_b)))
+        assert f"may not DELETE ResourceSlice {names.gpu_slice_name(env.node_b)}" in msg
+        env.agent.delete(ResourceSlice, names.gpu_slice_name(env.node_a))
     finally:
-        with contextlib.suppress(ApiError):
-            env.admin.delete(ResourceSlice, name)
+        for n in (name, names.gpu_slice_name(env.node_a), names.gpu_slice_name(env.node_b)):
+            with contextlib.suppress(ApiError):
+                env.admin.delete(ResourceSlice, n)
 
 
 def test_controller_writes_only_clique_pool_slices_of_our_driver(env: Env) -> None:
