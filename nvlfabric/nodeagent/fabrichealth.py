@@ -17,7 +17,8 @@ its own because a degraded fabric must show within 5 s: NVML is read every `POLL
 - sets the metrics `nvlfabric_fabric_healthy`, `nvlfabric_fabric_unhealthy_gpus` and
   `nvlfabric_fabric_ready`, before any API call (they hold while the API server is away).
 
-The DRA health stream reports the prepared channels with the verdict (server.py), which the
+The GPUs the verdict names are tainted in the node's GPU slice when the agent publishes one
+(`on_reading`, gpus.py). The DRA health stream reports the prepared channels with the verdict (server.py), which the
 kubelet shows in the pods' `allocatedResourcesStatus`; the controller marks every ComputeDomain
 with a member on the node Degraded, from the Node condition.
 

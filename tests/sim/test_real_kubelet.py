@@ -25,6 +25,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from nvlfabric import manifests
+from nvlfabric.api.names import FABRIC_UNHEALTHY_TAINT, GPU_CDI_KIND
 from nvlfabric.controller import pools
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults, realnode
@@ -32,6 +33,7 @@ from nvlfabric.sim.cluster import eventually, install_crd
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
 from tests.support.agents import domain_with_pods, pod_gone
+from tests.support.gpus import allocated, gpu_health, gpu_pod, gpu_slice, running, set_agent_env
 
 pytestmark = pytest.mark.cluster
 RACK = 241
@@ -168,6 +170,53 @@ def test_a_domain_over_a_real_kubelet_node_and_a_simulated_one(sim: tuple[Contro
     claim = client.get(ResourceClaim, f"{name}-channel", namespace="default")
     # no pod holds it any more (only its ComputeDomain does: the channel stays the domain's)
     assert claim.status is not None and not [r for r in claim.status.reservedFor or [] if r.resource == "pods"]
+
+
+def test_the_real_kubelet_prepares_gpu_claims_and_shows_a_sick_gpu_in_the_pods_status(
+        sim: tuple[ControlPlane, Client]) -> None:
+    """Issue 51 item 4 on the real kubelet: with gpu_devices DRA the agent's second plugin
+    (gpu.nvlfabric.io) registers, its GPU claim is prepared into the CDI device of the GPU, and a
+    GPU whose fabric turns unhealthy is tainted in the node's slice and shown Unhealthy in the
+    pod's allocatedResourcesStatus by the real kubelet (the plugin's health stream), then Healthy."""
+    cp, client = sim
+    _, real = cp.nodes()
+    name = f"gpu-real-{uuid.uuid4().hex[:5]}"
+    try:
+        set_agent_env(client, PUBLISH_GPUS="true")
+        eventually("the real-kubelet node's agent to publish its GPUs", lambda: gpu_slice(client, real.name) == {
+            f"gpu-{i}": [] for i in range(4)}, timeout=120)
+        eventually("the agent on the real-kubelet node to be Ready", lambda: _ready(_agent(client, real.name)),
+                   timeout=120)
+        gpu_pod(client, name, real.name, 2)
+        eventually(f"pod {name} to run", lambda: running(client, name), timeout=120)
+        assert allocated(client, name) == ["gpu-0", "gpu-1"]
+        record = json.loads((real.containers_dir / f"default_{name}_worker.json").read_text())
+        assert sorted(record["cdi_device_ids"]) == [f"{GPU_CDI_KIND}=gpu-0", f"{GPU_CDI_KIND}=gpu-1"]
+        assert sorted(n["path"] for n in record["deviceNodes"]) == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"]
+        ids = {f"{GPU_CDI_KIND}=gpu-0", f"{GPU_CDI_KIND}=gpu-1"}
+        eventually("the real kubelet to report both GPUs Healthy", lambda: {
+            k: h for k, (h, _) in gpu_health(client, name).items()} == dict.fromkeys(ids, "Healthy"), timeout=60)
+        faults.inject(cp.state_dir, real, "fabric-degraded", gpus=[1])
+        try:
+            eventually("GPU 1 tainted in the node's slice", lambda: (gpu_slice(client, real.name) or {}).get(
+                "gpu-1") == [(FABRIC_UNHEALTHY_TAINT, "FabricDegraded", "NoSchedule")], timeout=10)
+            health = eventually("the real kubelet to show GPU 1 Unhealthy", lambda: (
+                h if (h := gpu_health(client, name)).get(f"{GPU_CDI_KIND}=gpu-1", ("",))[0] == "Unhealthy" else None),
+                timeout=30)
+            assert health[f"{GPU_CDI_KIND}=gpu-0"][0] == "Healthy"
+            assert "bandwidth degraded" in (health[f"{GPU_CDI_KIND}=gpu-1"][1] or "")
+            assert running(client, name)  # NoSchedule: told, not evicted
+        finally:
+            faults.inject(cp.state_dir, real, "clear")
+        eventually("GPU 1 Healthy again", lambda: {k: h for k, (h, _) in gpu_health(client, name).items()}
+                   == dict.fromkeys(ids, "Healthy"), timeout=30)
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, name, namespace="default")
+        eventually("the GPU pod to be removed after unprepare", lambda: pod_gone(client, name), timeout=120)
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, name, namespace="default")
+        set_agent_env(client, PUBLISH_GPUS="false")
 
 
 def test_down_stops_the_real_kubelet_node_and_everything_it_ran() -> None:
