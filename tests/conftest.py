@@ -70,7 +70,7 @@ def cluster() -> Iterator[Cluster]:
 def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manager: str,
                    prefix: str, racks: int = 1, workload_scheduling: bool = False,
                    images: dict[str, ImageProgram] | None = None, addons: tuple[str, ...] = (),
-                   pod_network: str = "namespaced",
+                   pod_network: str = "namespaced", gpu_devices: str = "DevicePlugin",
                    extra_args: dict[str, list[str]] | None = None) -> Iterator[tuple[ControlPlane, Client]]:
     """A control plane of its own with one rack of `nodes` simulated GB200 nodes (rack number
     `first_rack`: addresses 127.10.<first_rack>.x, node names from it), and a client for it;
@@ -81,6 +81,7 @@ def simulated_rack(*, ports: Ports, first_rack: int, nodes: int = 3, field_manag
     cp = ControlPlane(state_dir=state, ports=ports, racks=racks, nodes_per_rack=nodes, first_rack=first_rack,
                       progress=lambda m: None, workload_scheduling=workload_scheduling,
                       images={**default_images(), **(images or {})}, addons=addons, pod_network=pod_network,
+                      gpu_devices=gpu_devices,
                       extra_args=extra_args or {})
     cp.up()
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)), field_manager=field_manager)

@@ -125,6 +125,15 @@ def slice_record(obj: Any) -> Any:
     return obj
 
 
+def gpu_slice(obj: Any) -> tuple[str, int]:
+    """A node's GPU slice (nvlfabric/nodeagent/gpus.py) as placement counts it: (its node, the GPUs
+    no NoSchedule or NoExecute taint keeps new claims off)."""
+    spec = obj.spec
+    usable = sum(1 for d in spec.devices or [] if not any(t.effect in ("NoSchedule", "NoExecute")
+                                                         for t in d.taints or []))
+    return spec.nodeName or "", usable
+
+
 @dataclass(frozen=True)
 class UnboundPod:
     """A pod no node has yet, as reservation reads it. Compared by resourceVersion: every change of
@@ -159,6 +168,8 @@ class Informers:
     domains: Informer[DomainRecord]
     claims: Informer[ClaimRecord]
     slices: Informer[Any]
+    gpus: Informer[tuple[str, int]]
+    """The nodes' GPU slices, where the agents publish GPUs (NvlfabricDriver gpu_devices DRA)."""
     bound_pods: Informer[tuple[str, int, bool]]
     unbound_pods: Informer[UnboundPod]
     """The Reserver's alone (reservations.py): pods waiting for a node, each a candidate to reserve
@@ -172,12 +183,14 @@ class Informers:
             claims=Informer(client, ResourceClaim, slim=claim_record),
             slices=Informer(client, ResourceSlice, namespaced=False, labels={names.POOL_LABEL: None},
                             slim=slice_record),
+            gpus=Informer(client, ResourceSlice, namespaced=False, fields={"spec.driver": names.GPU_DRIVER},
+                          slim=gpu_slice, name="ResourceSlice (GPUs)"),
             bound_pods=Informer(client, Pod, fields={"spec.nodeName": operators.not_equal("")}, slim=pod_usage,
                                 name="Pod (bound)"),
             unbound_pods=Informer(client, Pod, fields={"spec.nodeName": ""}, slim=unbound_pod, name="Pod"))
 
     def all(self) -> list[Informer[Any]]:
-        return [self.nodes, self.domains, self.claims, self.slices, self.bound_pods, self.unbound_pods]
+        return [self.nodes, self.domains, self.claims, self.slices, self.gpus, self.bound_pods, self.unbound_pods]
 
     def start(self, stop: Callable[[], bool]) -> None:
         """Every informer's list and watch, each in a thread of its own, until `stop()`."""
@@ -192,9 +205,13 @@ class Informers:
 
 
 def cluster_use(cache: Informers) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The clique Nodes as placement reads them, and the GPUs their running pods use."""
+    """The clique Nodes as placement reads them, and the GPUs their running pods use. A node whose
+    GPUs are DRA devices (no device plugin's `nvidia.com/gpu` in its allocatable) counts those its
+    GPU slice offers untainted."""
     with api_call("read the Nodes and bound pods to place channel claims"):
-        nodes = [n.placement for n in cache.nodes.fresh().values() if n.clique]
+        dra = dict(cache.gpus.fresh().values())
+        nodes = [placement.with_dra_gpus(n.placement, dra.get(n.name)) for n in cache.nodes.fresh().values()
+                 if n.clique]
         used: dict[str, int] = {}
         for node, gpus, finished in cache.bound_pods.fresh().values():
             if not finished:

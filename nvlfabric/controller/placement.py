@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nvlfabric.api.names import CLIQUE_LABEL, GPU_RESOURCE, MAX_PODS_PER_CLAIM, SPARES_LABEL
 
@@ -215,6 +216,17 @@ def node_rooms(nodes: Iterable[Mapping[str, object]], pods: Iterable[Mapping[str
         if spec.get("nodeName") and status.get("phase") not in ("Succeeded", "Failed"):
             used[str(spec["nodeName"])] = used.get(str(spec["nodeName"]), 0) + gpus_of(p)
     return rooms_of(nodes, used, tolerations)
+
+
+def with_dra_gpus(node: dict[str, Any], gpus: int | None) -> dict[str, Any]:
+    """`node` as placement reads it, counting `gpus` (its GPU slice's untainted devices) as its
+    allocatable GPUs when it has none of a device plugin's: with the DRA extended resource the
+    scheduler serves `nvidia.com/gpu` requests from the slice there (pure; `node` unchanged)."""
+    status = node.get("status") or {}
+    alloc = status.get("allocatable") or {}
+    if gpus is None or GPU_RESOURCE in alloc:
+        return node
+    return {**node, "status": {**status, "allocatable": {**alloc, GPU_RESOURCE: str(gpus)}}}
 
 
 def rooms_of(nodes: Iterable[Mapping[str, object]], used: Mapping[str, int],

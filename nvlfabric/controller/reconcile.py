@@ -317,6 +317,7 @@ def poke_on_changes(cache: Informers, poke: threading.Event) -> None:
     cache.domains.listen(any_change)
     cache.claims.listen(any_change)
     cache.slices.listen(any_change)
+    cache.gpus.listen(any_change)  # a GPU tainted or healthy again changes a node's room
     cache.nodes.listen(node_change)
 
 

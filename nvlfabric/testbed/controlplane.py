@@ -87,6 +87,10 @@ class ControlPlane:
     own, as on a real node (nvlfabric/sim/podnetwork.py); "host": every pod shares its node's
     loopback address (the simulator before 0.2: software that assumes it, e.g. an old release's
     DaemonSets without hostNetwork)."""
+    gpu_devices: str = "DevicePlugin"
+    """"DevicePlugin": the nodes advertise their GPUs as nvidia.com/gpu, as NVIDIA's device plugin
+    does; "DRA": they advertise none, and the agents publish the GPUs as DRA devices (the driver
+    installed with gpu_devices "DRA"), which serve nvidia.com/gpu requests."""
     workload_scheduling: bool = False
     """Serve scheduling.k8s.io/v1alpha3 and turn on WORKLOAD_SCHEDULING_GATES in the API server,
     the scheduler and the controller manager alike, as a cluster that opted in would."""
@@ -196,10 +200,12 @@ class ControlPlane:
         if len(real) < len(nodes):
             simracks.start_kubelets(run, kubeconfig=self.kubeconfig, racks=self.racks,
                                     nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
-                                    hollow_racks=self.hollow_racks, images=self.images, exclude=real)
+                                    hollow_racks=self.hollow_racks, images=self.images, exclude=real,
+                                    gpus_by_dra=self.gpu_devices == "DRA")
         for node, address in zip(real, realnode.node_addresses(len(real)), strict=True):
             realkubelets.start(run, tools, realnode.RealNode(node=node, address=address),
-                               shim=built["nvlfabric-shim"], images=self.images)
+                               shim=built["nvlfabric-shim"], images=self.images,
+                               gpus_by_dra=self.gpu_devices == "DRA")
         simracks.wait_ready(run, {n.name for n in nodes})
 
     def _write_kubeconfig(self, token: str) -> None:

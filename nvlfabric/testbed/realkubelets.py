@@ -29,8 +29,9 @@ def check(count: int, candidates: int, tools: Tools) -> None:
 
 
 def start(run: Launcher, tools: Tools, real: realnode.RealNode, *, shim: Path,
-          images: dict[str, ImageProgram]) -> None:
-    """The node's machine, then the node itself in it; returns once its Node is registered."""
+          images: dict[str, ImageProgram], gpus_by_dra: bool = False) -> None:
+    """The node's machine, then the node itself in it; returns once its Node is registered (and,
+    unless its GPUs are DRA devices, advertises them as a device plugin would)."""
     name = real.node.name
     machine = run.launch(f"machine-{name}", [
         shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child", str(shim), "--pause"])
@@ -46,4 +47,5 @@ def start(run: Launcher, tools: Tools, real: realnode.RealNode, *, shim: Path,
     run.launch(f"kubelet-{name}", [sys.executable, "-m", "nvlfabric.sim.kubelet.rootfs", str(spec)])
     run.wait(f"the real kubelet of {name} to register its Node (log: {real.kubelet_log})",
              lambda: admin.ok(f"/api/v1/nodes/{name}"))
-    admin.patch_node_status(name, realnode.gpu_capacity_patch(GPUS_PER_NODE))
+    if not gpus_by_dra:
+        admin.patch_node_status(name, realnode.gpu_capacity_patch(GPUS_PER_NODE))

@@ -40,7 +40,8 @@ def prepare(state_dir: Path, nodes: list[SimNode], progress: Callable[[str], Non
 
 
 def start_kubelets(run: Launcher, *, kubeconfig: Path, racks: int, nodes_per_rack: int, first_rack: int,
-                   hollow_racks: int, images: dict[str, ImageProgram], exclude: Sequence[SimNode]) -> None:
+                   hollow_racks: int, images: dict[str, ImageProgram], exclude: Sequence[SimNode],
+                   gpus_by_dra: bool = False) -> None:
     """One process of simulated kubelets (`python -m nvlfabric.sim.kubelet`) for every node but `exclude`."""
     pod_network = run.state.pod_network
     run.launch("sim-kubelet", [
@@ -52,6 +53,7 @@ def start_kubelets(run: Launcher, *, kubeconfig: Path, racks: int, nodes_per_rac
         f"--pki-dir={run.state_dir / 'pki'}",
         *(f"--exclude={n.name}" for n in exclude),
         *([f"--pod-network={pod_network}"] if pod_network is not None else []),
+        *(["--gpus-by-dra"] if gpus_by_dra else []),
     ])
 
 

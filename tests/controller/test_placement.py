@@ -7,7 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvlfabric.api.names import CLIQUE_LABEL
-from nvlfabric.controller.placement import Group, NodeRoom, NoRoom, Reserved, gpus_of, node_rooms, place, room
+from nvlfabric.controller.placement import (
+    Group,
+    NodeRoom,
+    NoRoom,
+    Reserved,
+    gpus_of,
+    node_rooms,
+    place,
+    room,
+    with_dra_gpus,
+)
 
 RACK = 18
 
@@ -82,6 +92,20 @@ def test_node_rooms_count_what_bound_pods_hold_and_skip_what_cannot_take_pods() 
     tolerant = {r.name for r in node_rooms(nodes, pods, [{"key": "nvlfabric.io/fabric-unhealthy",
                                                           "operator": "Exists"}])}
     assert "sick" in tolerant
+
+
+def test_a_node_with_dra_gpus_has_room_for_its_untainted_ones_and_a_device_plugins_count_wins() -> None:
+    """With NvlfabricDriver(gpu_devices="DRA") a node has no nvidia.com/gpu of a device plugin: its
+    room is what its GPU slice offers untainted (cache.gpu_slice), less what its pods hold."""
+    node = {"metadata": {"name": "n", "labels": {CLIQUE_LABEL: "c"}}, "spec": {},
+            "status": {"allocatable": {"cpu": "144"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+    pods = [{"spec": {"nodeName": "n", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+             "status": {"phase": "Running"}}]
+    assert [r.free_gpus for r in node_rooms([with_dra_gpus(node, 3)], pods)] == [2]
+    assert node["status"]["allocatable"] == {"cpu": "144"}  # the cached record is left alone
+    assert with_dra_gpus(node, None) is node  # no slice: no GPUs, as before
+    plugin = {**node, "status": {**node["status"], "allocatable": {"nvidia.com/gpu": "4"}}}
+    assert with_dra_gpus(plugin, 1) is plugin
 
 
 def test_gpus_of_a_pod_follows_the_schedulers_rule() -> None:

@@ -22,16 +22,25 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from nvlfabric import manifests
 from nvlfabric.api import names
+from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.sim.nodes import SimNode
 from nvlfabric.testbed.controlplane import ControlPlane
 from tests.conftest import free_ports, simulated_rack
-from tests.support.agents import domain_with_pods
-from tests.support.gpus import allocated, gpu_health, gpu_pod, gpu_slice, running, set_agent_env
+from tests.support.agents import domain_with_pods, edits, pod_gone
+from tests.support.gpus import (
+    allocated,
+    extended_claim,
+    gpu_health,
+    gpu_pod,
+    gpu_request_pod,
+    gpu_slice,
+    running,
+    set_agent_env,
+)
 
 pytestmark = pytest.mark.cluster
 RACK = 175  # addresses 127.10.175.x: a rack number no other test uses
@@ -40,11 +49,13 @@ BOUND_S = 5.0  # the promise: visible (and cleared) within 5 s of NVML reporting
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[tuple[ControlPlane, Client]]:
+    """One node whose GPUs are DRA devices (no device plugin), the driver installed as
+    NvlfabricDriver(gpu_devices="DRA") installs it."""
     with simulated_rack(ports=free_ports(), first_rack=RACK, nodes=1, field_manager="fabric-health",
-                        prefix="nvlfh-") as (cp, client):
+                        prefix="nvlfh-", gpu_devices="DRA") as (cp, client):
         install_crd(client)
-        for obj in codecs.load_all_yaml(manifests.read(manifests.DRIVER_FILE)):
-            client.apply(obj, field_manager="fabric-health", force=True)
+        for obj in driver_objects(NvlfabricDriverArgs(gpu_devices="DRA")):
+            client.apply(codecs.from_dict(obj), field_manager="fabric-health", force=True)
         yield cp, client
 
 
@@ -205,57 +216,84 @@ def test_a_fabric_fault_on_a_node_with_running_pods_is_told_within_5s_then_clear
 
 # -- the node's GPUs as DRA devices (nodeagent/gpus.py) -------------------------------------------
 
-def test_a_sick_gpu_is_tainted_in_the_nodes_slice_so_no_claim_gets_it_and_noexecute_evicts(
+def test_a_domain_asking_for_gpus_is_placed_on_nodes_whose_gpus_are_dra_devices(
         sim: tuple[ControlPlane, Client]) -> None:
-    """Issue 51 item 4. Told to (gpu_devices DRA), the agent publishes the node's GPUs (driver
-    gpu.nvlfabric.io); a GPU whose
-    fabric NVML reports degraded is tainted within 5 s, so a claim that needs it is not allocated,
-    the pod holding it sees it Unhealthy, and the taint clears when NVML reports it healthy. With
-    the driver set to NoExecute, kube-controller-manager evicts the pod whose claim holds it and
-    leaves the others."""
+    """A node without a device plugin advertises no nvidia.com/gpu: the controller counts its GPU
+    slice's untainted devices instead (placement.with_dra_gpus), so a domain's gated pod asking for
+    all four is placed and runs on them."""
     cp, client = sim
     (node,) = cp.nodes()
-    devices = [names.gpu_device(i) for i in range(4)]
-    run = uuid.uuid4().hex[:5]
-    held, wants3, wants2 = f"gpu-held-{run}", f"gpu-three-{run}", f"gpu-two-{run}"
-    assert gpu_slice(client, node.name) is None  # the default: GPUs are a device plugin's, none published
+    eventually("the agent to publish the node's GPUs", lambda: gpu_slice(client, node.name), timeout=60)
+    name = f"fh-gpus-{uuid.uuid4().hex[:5]}"
+    domain_with_pods(client, name, [node.name], gpus=4)
     try:
-        set_agent_env(client, PUBLISH_GPUS="true")  # NvlfabricDriver(gpu_devices="DRA")
-        eventually("the agent to publish the node's GPUs", lambda: (
-            s if (s := gpu_slice(client, node.name)) == {d: [] for d in devices} else None), timeout=60)
+        eventually(f"pod {name}-0 to be placed and run", lambda: running(client, f"{name}-0"), timeout=60)
+        assert allocated(client, extended_claim(client, f"{name}-0")) == [f"gpu-{i}" for i in range(4)]
+        ready_domain_status(client, name)
+    finally:
+        client.delete(Pod, f"{name}-0", namespace="default", grace_period=0)
+    eventually(f"pod {name}-0 gone, its GPUs free", lambda: pod_gone(client, f"{name}-0"), timeout=60)
+
+
+def test_a_sick_gpu_is_tainted_in_the_nodes_slice_so_no_claim_gets_it_and_noexecute_evicts(
+        sim: tuple[ControlPlane, Client]) -> None:
+    """Issue 51 item 4, on a node without a device plugin (the driver's gpu_devices DRA): the agent
+    publishes the node's GPUs (driver gpu.nvlfabric.io), which serve both GPU claims and
+    `nvidia.com/gpu` requests (the DeviceClass's extended resource). A GPU whose fabric NVML
+    reports degraded is tainted within 5 s, so neither a claim nor an nvidia.com/gpu request gets
+    it, the pod holding it sees it Unhealthy, and the taint clears when NVML reports it healthy.
+    With the driver set to NoExecute, kube-controller-manager evicts the pod whose claim holds it
+    and leaves the others."""
+    cp, client = sim
+    (node,) = cp.nodes()
+    assert names.GPU_RESOURCE not in (client.get(Node, node.name).status.allocatable or {})  # no device plugin
+    devices = [names.gpu_device(i) for i in range(4)]
+    eventually("the agent to publish the node's GPUs", lambda: (
+        s if (s := gpu_slice(client, node.name)) == {d: [] for d in devices} else None), timeout=60)
+    run = uuid.uuid4().hex[:5]
+    held, ext, ext2, wants2 = f"gpu-held-{run}", f"gpu-ext-{run}", f"gpu-ext2-{run}", f"gpu-two-{run}"
+    try:
         gpu_pod(client, held, node.name, 1)
         eventually(f"pod {held} to run", lambda: running(client, held), timeout=60)
         assert allocated(client, held) == ["gpu-0"]  # first fit
         gpu0 = f"{names.GPU_CDI_KIND}=gpu-0"
         eventually("the held GPU reported Healthy", lambda: gpu_health(client, held).get(gpu0, ("",))[0] == "Healthy",
                    timeout=30)
+        # nvidia.com/gpu with no device plugin: the scheduler's own claim, from the GPU slice.
+        gpu_request_pod(client, ext, node.name, 1)
+        eventually(f"pod {ext} to run", lambda: running(client, ext), timeout=60)
+        assert allocated(client, extended_claim(client, ext)) == ["gpu-1"]
+        record = edits(cp.state_dir, node.name, ext)
+        assert record["cdi_device_ids"] == [f"{names.GPU_CDI_KIND}=gpu-1"]
+        assert sorted(n["path"] for n in record["deviceNodes"]) == ["/dev/nvidia1", "/dev/nvidiactl"]
 
-        # GPU 3 sick (not held): tainted, so three more GPUs cannot be had; two can, not GPU 3.
+        # GPU 3 sick (not held): tainted, so two more GPUs cannot be had; one can, not GPU 3.
         t0 = time.monotonic()
         faults.inject(cp.state_dir, node, "fabric-degraded", gpus=[3])
         try:
             taint = (names.FABRIC_UNHEALTHY_TAINT, "FabricDegraded", "NoSchedule")
             within(BOUND_S, t0, {"GPU 3 tainted": lambda: gpu_slice(client, node.name) == {
                 **{d: [] for d in devices}, "gpu-3": [taint]}})
-            gpu_pod(client, wants3, node.name, 3)
-            unschedulable = eventually(f"pod {wants3} to be refused by the scheduler", lambda: next((
-                c for c in client.get(Pod, wants3, namespace="default").status.conditions or []
+            gpu_pod(client, wants2, node.name, 2)
+            unschedulable = eventually(f"pod {wants2} to be refused by the scheduler", lambda: next((
+                c for c in client.get(Pod, wants2, namespace="default").status.conditions or []
                 if c.type == "PodScheduled" and c.reason == "Unschedulable"), None), timeout=30)
             assert "claim" in (unschedulable.message or ""), unschedulable.message
-            assert allocated(client, wants3) == []
-            gpu_pod(client, wants2, node.name, 2)
-            eventually(f"pod {wants2} to run", lambda: running(client, wants2), timeout=60)
-            assert allocated(client, wants2) == ["gpu-1", "gpu-2"]
-            assert running(client, held) and allocated(client, held) == ["gpu-0"]
+            assert allocated(client, wants2) == []
+            gpu_request_pod(client, ext2, node.name, 1)
+            eventually(f"pod {ext2} to run", lambda: running(client, ext2), timeout=60)
+            assert allocated(client, extended_claim(client, ext2)) == ["gpu-2"]
+            assert running(client, held) and running(client, ext)
         finally:
             t1 = time.monotonic()
             faults.inject(cp.state_dir, node, "clear")
         within(BOUND_S, t1, {"taint cleared": lambda: gpu_slice(client, node.name) == {d: [] for d in devices}})
-        client.delete(Pod, wants2, namespace="default", grace_period=0)
-        eventually(f"pod {wants3} to run once GPU 3 is healthy and free", lambda: running(client, wants3), timeout=90)
-        assert allocated(client, wants3) == ["gpu-1", "gpu-2", "gpu-3"]
+        client.delete(Pod, ext2, namespace="default", grace_period=0)
+        eventually(f"pod {wants2} to run once GPU 3 is healthy and GPU 2 free", lambda: running(client, wants2),
+                   timeout=90)
+        assert allocated(client, wants2) == ["gpu-2", "gpu-3"]
 
-        # NoExecute: GPU 0 sick evicts the pod that holds it, not the one on healthy GPUs.
+        # NoExecute: GPU 0 sick evicts the pod that holds it, not the ones on healthy GPUs.
         set_agent_env(client, GPU_TAINT_EFFECT="NoExecute")
         t2 = time.monotonic()
         faults.inject(cp.state_dir, node, "fabric-degraded", gpus=[0])
@@ -272,16 +310,16 @@ def test_a_sick_gpu_is_tainted_in_the_nodes_slice_so_no_claim_gets_it_and_noexec
 
             cond = eventually(f"pod {held} to be evicted for the tainted GPU", evicted, timeout=30)
             assert cond.reason == "DeletionByDeviceTaintManager", cond
-            assert running(client, wants3), "a pod on healthy GPUs is left alone"
+            assert running(client, wants2) and running(client, ext), "pods on healthy GPUs are left alone"
         finally:
             faults.inject(cp.state_dir, node, "clear")
         eventually("the taint to clear", lambda: (gpu_slice(client, node.name) or {}).get("gpu-0") == [], timeout=10)
     finally:
-        for name in (held, wants3, wants2):
+        for name in (held, ext, ext2, wants2):
             with contextlib.suppress(ApiError):
                 client.delete(Pod, name, namespace="default", grace_period=0)
             with contextlib.suppress(ApiError):
                 client.delete(ResourceClaim, name, namespace="default")
         set_agent_env(client, PUBLISH_GPUS="false", GPU_TAINT_EFFECT=names.DEFAULT_GPU_TAINT_EFFECT)
-    # Back to the device plugin's GPUs: the agent withdraws the slice an earlier one published.
+    # Back to a device plugin's GPUs: the agent withdraws the slice it published.
     eventually("the GPU slice to be withdrawn", lambda: gpu_slice(client, node.name) is None, timeout=30)

@@ -11,21 +11,23 @@ import os
 from pathlib import Path
 
 from lightkube import ApiError, Client, codecs
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import Container, PodResourceClaim, PodSchedulingGate, PodSpec, ResourceRequirements
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from nvlfabric.api import computedomain as api
-from nvlfabric.api.names import DRIVER
+from nvlfabric.api.names import DRIVER, GPU_RESOURCE, RESERVATION_GATE
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.provider.computedomain import channel_claim
 from nvlfabric.sim.nodes import SimNode
 
 
-def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None) -> str:
+def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None, *,
+                     gpus: int = 0) -> str:
     """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node;
-    returns the domain's UID."""
+    returns the domain's UID. `gpus`: each pod asks for that many nvidia.com/gpu and waits behind
+    the reservation gate for the controller to place it, as BoundJob's pods do."""
     spec = spec or {}
     cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
     # The driver's admission policy admits a channel claim only as its domain's own (owned, configured).
@@ -34,9 +36,10 @@ def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str
     for i, node in enumerate(nodes):
         client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
             nodeSelector={"kubernetes.io/hostname": node},
+            schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)] if gpus else None,
             resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
-            containers=[Container(name="worker", image="registry.invalid/train:1",
-                                  resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
+            containers=[Container(name="worker", image="registry.invalid/train:1", resources=ResourceRequirements(
+                claims=[ContainerClaim(name="channel")], limits={GPU_RESOURCE: str(gpus)} if gpus else None))])))
     return str(cd.metadata.uid)
 
 

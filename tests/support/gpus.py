@@ -45,6 +45,23 @@ def gpu_pod(client: Client, name: str, node: str, count: int) -> None:
                               resources=ResourceRequirements(claims=[ContainerClaim(name="gpus")]))])))
 
 
+def gpu_request_pod(client: Client, name: str, node: str, gpus: int) -> None:
+    """A pod asking for `gpus` nvidia.com/gpu, as any GPU workload does: on a node without a device
+    plugin the scheduler makes it a claim of the DeviceClass that names the extended resource."""
+    client.create(Pod(metadata=ObjectMeta(name=name, namespace="default"), spec=PodSpec(
+        nodeSelector={"kubernetes.io/hostname": node},
+        tolerations=[Toleration(key=names.FABRIC_UNHEALTHY_TAINT, operator="Exists", effect="NoSchedule")],
+        containers=[Container(name="worker", image="registry.invalid/train:1",
+                              resources=ResourceRequirements(limits={names.GPU_RESOURCE: str(gpus)}))])))
+
+
+def extended_claim(client: Client, pod: str) -> str:
+    """The claim the scheduler made for the pod's extended resources."""
+    status = client.get(Pod, pod, namespace="default").status
+    assert status is not None and status.extendedResourceClaimStatus is not None, status
+    return status.extendedResourceClaimStatus.resourceClaimName
+
+
 def allocated(client: Client, claim: str) -> list[str]:
     status = client.get(ResourceClaim, claim, namespace="default").status
     return sorted(r.device for r in (status.allocation.devices.results if status and status.allocation else []))

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pod-network", type=int, default=None, metavar="J",
                     help="pods that are not hostNetwork get a network namespace on pod network J "
                          "(nvlfabric/sim/podnetwork.py); without it every pod shares its node's network")
+    ap.add_argument("--gpus-by-dra", action="store_true",
+                    help="the nodes advertise no device plugin's nvidia.com/gpu: their agents publish the GPUs as "
+                         "DRA devices (NvlfabricDriver gpu_devices='DRA')")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -76,7 +79,7 @@ async def run(args: argparse.Namespace) -> None:
         client, nodes,
         KubeletConfig(images={k: ImageProgram(entrypoint=v) if isinstance(v, list) else ImageProgram.model_validate(v)
                               for k, v in json.loads(args.images).items()}, api_server=server,
-                      pki_dir=args.pki_dir,
+                      pki_dir=args.pki_dir, dra_gpus=args.gpus_by_dra,
                       pod_network=PodNetwork(args.pod_network) if args.pod_network is not None else None,
                       hardware_env={n.name: hardware.node_env(args.state_dir, n) for n in nodes if not n.hollow}),
         token_requester=token_for,

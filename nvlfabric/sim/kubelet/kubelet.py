@@ -79,7 +79,7 @@ class SimKubelet:
         # past the node-lifecycle controller's grace period (and it is a lean one: leaseclient.py).
         self.leases = leases
         self.config = config
-        self.nodes = {n.name: NodeState(n) for n in nodes}
+        self.nodes = {n.name: NodeState(n, dra_gpus=config.dra_gpus) for n in nodes}
         self.token_requester = token_requester
         self._pod_tasks: dict[str, asyncio.Task[None]] = {}
         # Pods that changed while their sync ran: it may have read the object before the change

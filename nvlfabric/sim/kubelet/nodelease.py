@@ -50,12 +50,14 @@ def _node_object(n: SimNode) -> Node:
     return Node(metadata=ObjectMeta(name=n.name, labels=node_labels(n)))
 
 
-def _node_status(n: SimNode) -> dict[str, Any]:
+def _node_status(n: SimNode, dra_gpus: bool = False) -> dict[str, Any]:
     t = rfc3339()
     # What a GB200 compute tray with NVIDIA's device plugin advertises: its 4 GPUs as the
-    # extended resource nvidia.com/gpu, so GPU requests spread pods as on a real cluster.
+    # extended resource nvidia.com/gpu, so GPU requests spread pods as on a real cluster. Without
+    # a device plugin (`dra_gpus`) the GPUs are DRA devices the agent publishes, and the Node
+    # advertises none.
     capacity = {"cpu": "144", "memory": "884Gi", "pods": "110", "ephemeral-storage": "3576Gi",
-                "hugepages-2Mi": "0", names.GPU_RESOURCE: str(GPUS_PER_NODE)}
+                "hugepages-2Mi": "0", **({} if dra_gpus else {names.GPU_RESOURCE: str(GPUS_PER_NODE)})}
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
              "message": "kubelet is posting ready status", "lastHeartbeatTime": t}
     return {"status": {
@@ -97,7 +99,7 @@ async def register_node(client: AsyncClient, state: NodeState) -> None:
         obj = await client.get(Node, n.name)
     assert obj.metadata is not None
     state.uid = obj.metadata.uid or ""
-    await client.patch(Node.Status, n.name, _node_status(n))
+    await client.patch(Node.Status, n.name, _node_status(n, state.dra_gpus))
     with contextlib.suppress(errors.AlreadyExists), api_call(f"create the Lease of Node {n.name}"):
         await client.create(_lease(state))
     await wipe_slices(client, n.name, driver=None)
@@ -123,7 +125,7 @@ async def heartbeats(leases: LeaseClient, client: AsyncClient, state: NodeState,
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + STATUS_REPORT_S
                 with contextlib.suppress(Exception):
-                    await client.patch(Node.Status, state.node.name, _node_status(state.node))
+                    await client.patch(Node.Status, state.node.name, _node_status(state.node, state.dra_gpus))
         await asyncio.sleep(max(0.0, due - time.monotonic()))
 
 

@@ -29,6 +29,9 @@ __all__ = ["CDIByClaim", "container_edits", "pod_claims", "prepare_claims", "res
 
 CDIByClaim = dict[str, list[tuple[tuple[str, ...], tuple[str, ...]]]]
 """Pod-level claim name (as containers reference it) → (request names, CDI IDs) of each prepared device."""
+EXTENDED = ""
+"""The key of the claim the scheduler made for the pod's extended resources served by DRA
+(`status.extendedResourceClaimStatus`; no container names it: its request mappings do)."""
 
 
 def reserved_for(claim: ResourceClaim, pod: Pod) -> bool:
@@ -54,6 +57,9 @@ async def pod_claims(client: AsyncClient, pod: Pod) -> list[ResourceClaim]:
         if pod.status else {}
     for rc in pod.spec.resourceClaims or []:
         claim_names[rc.name] = rc.resourceClaimName or statuses.get(rc.name)
+    extended = pod.status.extendedResourceClaimStatus if pod.status else None
+    if extended is not None:  # e.g. nvidia.com/gpu on a node where a DeviceClass, not a device plugin, serves it
+        claim_names[EXTENDED] = extended.resourceClaimName
     claims = []
     for ref, claim_name in claim_names.items():
         if not claim_name:
@@ -92,6 +98,8 @@ async def prepare_claims(state: NodeState, pod: Pod, claims: list[ResourceClaim]
     statuses = {s.resourceClaimName: s.name for s in (pod.status.resourceClaimStatuses or [])} \
         if pod.status else {}
     pod_claim_name = {rc.resourceClaimName or "": rc.name for rc in pod.spec.resourceClaims or []}
+    if pod.status and pod.status.extendedResourceClaimStatus:
+        pod_claim_name[pod.status.extendedResourceClaimStatus.resourceClaimName] = EXTENDED
     out: CDIByClaim = {}
     for driver, refs in claims_by_driver(claims).items():
         plugin = state.plugin_for(driver)
@@ -110,7 +118,7 @@ async def prepare_claims(state: NodeState, pod: Pod, claims: list[ResourceClaim]
         for ref in refs:
             devices = results[ref.uid]
             assert not isinstance(devices, str)
-            local = pod_claim_name.get(ref.name) or statuses.get(ref.name) or ref.name
+            local = pod_claim_name[ref.name] if ref.name in pod_claim_name else statuses.get(ref.name) or ref.name
             out.setdefault(local, []).extend((d.request_names, d.cdi_device_ids) for d in devices)
     return out
 
@@ -121,12 +129,19 @@ def container_edits(state: NodeState, pod: Pod, prepared: CDIByClaim) -> dict[st
     assert pod.metadata is not None and pod.spec is not None
     records = {}
     edits_of: dict[str, ContainerEdits] = {}
+    extended = pod.status.extendedResourceClaimStatus if pod.status else None
     for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
         ids: list[str] = []
         for c in (container.resources.claims or []) if container.resources else []:
             for requests, cdi_ids in prepared.get(c.name, []):
                 if not requests or (c.request and c.request in requests) or not c.request:
                     ids.extend(i for i in cdi_ids if i not in ids)
+        # The scheduler's claim for extended resources: each request is one container's resource.
+        mine = {m.requestName for m in (extended.requestMappings if extended else [])
+                if m.containerName == container.name}
+        for requests, cdi_ids in prepared.get(EXTENDED, []) if mine else []:
+            if set(requests) & mine:
+                ids.extend(i for i in cdi_ids if i not in ids)
         try:
             edits = cdi.resolve(state.node.cdi_dirs, ids)
         except cdi.UnresolvableDevices as exc:

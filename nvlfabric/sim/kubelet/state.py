@@ -36,6 +36,8 @@ def rfc3339(t: datetime.datetime | None = None) -> str:
 @dataclass
 class NodeState:
     node: SimNode
+    dra_gpus: bool = False
+    """Its GPUs are a DRA driver's (NvlfabricDriver gpu_devices DRA): no device plugin's nvidia.com/gpu."""
     uid: str = ""
     plugins: dict[Path, Plugin | HollowAgent] = field(default_factory=dict)  # registry socket → plugin
     driver_gone_since: dict[str, float] = field(default_factory=dict)
@@ -95,6 +97,9 @@ class KubeletConfig:
     pki_dir: Path | None = None
     """The cluster's CA (ca.crt, ca.key): each node's kubelet API is served with a certificate it
     signs, for `kubectl logs`. None: no kubelet API."""
+    dra_gpus: bool = False
+    """The nodes advertise no device plugin's nvidia.com/gpu: the agents publish the GPUs as DRA
+    devices, which serve nvidia.com/gpu requests (ControlPlane gpu_devices "DRA")."""
     pod_network: PodNetwork | None = None
     """Pods that are not hostNetwork get a network namespace and an address of their own
     (podnetwork.py); None: every pod shares its node's network and address."""
