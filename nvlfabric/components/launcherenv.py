@@ -54,7 +54,9 @@ def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
     """What a distributed launcher reads (nvlfabric/api/names.py): the pod's rank from the kind's
     own pod index (downward API), the world size (an elastic job: its size range), rank 0's
     address and port."""
-    world, port, master = str(args.parallelism), str(args.master_port), master_address(args, namespace=namespace)
+    # A LeaderWorkerSet's group is a launch of its own: its world is the group, its rank 0 the leader.
+    world = str(args.lws_size or args.parallelism) if args.kind == "LeaderWorkerSet" else str(args.parallelism)
+    port, master = str(args.master_port), master_address(args, namespace=namespace)
 
     # Over clique groups the rank is the controller's (group x group size + index): env cannot add.
     field = f"metadata.annotations['{RANK_ANNOTATION}']" if args.clique_groups > 1 else RANK_FIELD[args.kind]
@@ -62,7 +64,7 @@ def launcher_env(args: BoundJobArgs, *, namespace: str) -> list[dict[str, Any]]:
     def rank(name: str) -> dict[str, Any]:
         return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
-    if args.elastic:  # no size: the pods stay as the job grows and shrinks (names.NNODES_ENV)
+    if args.elastic and args.kind != "LeaderWorkerSet":  # no size: the pods stay as the job grows and shrinks
         nnodes = {"name": NNODES_ENV, "value": f"{args.min_parallelism or 1}:{args.max_parallelism}"}
         return [rank(RANK_ENV), nnodes, {"name": MASTER_ADDR_ENV, "value": master},
                 {"name": MASTER_PORT_ENV, "value": port}, *(rank(name) for name in TORCH_RANK_ENVS),

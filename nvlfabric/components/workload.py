@@ -23,7 +23,9 @@ The workload's shape (`kind`):
   together), with the headless Service it needs for stable pod names;
 - `JobSet` (jobset.x-k8s.io/v1alpha2): one replicated Job of `parallelism` Indexed pods;
 - `LeaderWorkerSet` (leaderworkerset.x-k8s.io/v1): one group of `parallelism` pods, the leader
-  from the same template.
+  from the same template; with `lws_size`, parallelism / lws_size groups of that many, each a
+  launch of its own (world size lws_size, its leader rank 0), e.g. replicas of a model served
+  over several nodes.
 JobSet and LeaderWorkerSet need their controllers in the cluster (they are not part of
 Kubernetes); the component creates the object with the binding inside, and at preview asks the
 cluster whether it serves the kind (`cluster_serves`): where it does not, a warning, and `up`
@@ -31,9 +33,11 @@ stops. A JobSet's `max_restarts` is its failure policy: all its Jobs recreated, 
 the same claims (and so the same cliques and channels).
 
 Elastic (`max_parallelism`, with `min_parallelism`): `pulumi up` with another `parallelism` in that
-range grows or shrinks the running Job or StatefulSet in place. Its pod template does not depend
-on the size (the group-size annotation is min_parallelism, the env has `NVLFABRIC_NNODES=min:max`
-and no world size), so the pods that stay are not touched: a StatefulSet's replicas is an update
+range grows or shrinks the running Job, StatefulSet or LeaderWorkerSet (by whole groups of
+`lws_size`: its replicas, an update of its resource) in place. Its pod template does not depend
+on the size (the group-size annotation is min_parallelism, or a LeaderWorkerSet's lws_size; the
+env has `NVLFABRIC_NNODES=min:max` and no world size, or a LeaderWorkerSet group's own), so the
+pods that stay are not touched: a StatefulSet's replicas is an update
 of its resource; a Job's parallelism and completions, which pulumi-kubernetes would change only by
 replacing the Job, are ignored by its resource and set in place by a `JobParallelism` resource
 (nvlfabric/provider/jobparallelism.py). New pods join the running domain where its clique has
@@ -141,7 +145,7 @@ class BoundJob(pulumi.ComponentResource):
     def __init__(self, resource_name: str, *, compute_domain: ComputeDomain, pod_template: dict[str, Any],
                  name: str | None = None, kind: WorkloadKind = "Job", parallelism: int = 1,
                  max_parallelism: int | None = None, min_parallelism: int | None = None,
-                 completions: int | None = None,
+                 completions: int | None = None, lws_size: int | None = None,
                  gpus_per_pod: int = GPUS_PER_NODE, gpu_resource: str | None = GPU_RESOURCE,
                  max_restarts: int = 0, queue_name: str | None = None, wait: bool = False,
                  labels: dict[str, str] | None = None,
@@ -152,7 +156,7 @@ class BoundJob(pulumi.ComponentResource):
         self.args = _validated(resource_name, compute_domain, {
             "name": name if name is not None else resource_name, "kind": kind, "pod_template": pod_template,
             "parallelism": parallelism, "max_parallelism": max_parallelism, "min_parallelism": min_parallelism,
-            "completions": completions, "gpus_per_pod": gpus_per_pod,
+            "completions": completions, "lws_size": lws_size, "gpus_per_pod": gpus_per_pod,
             "gpu_resource": gpu_resource, "max_restarts": max_restarts, "queue_name": queue_name, "wait": wait,
             "labels": labels or {},
             "reservation_gate": reservation_gate,

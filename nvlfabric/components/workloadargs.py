@@ -61,6 +61,13 @@ class BoundJobArgs(BaseModel):
                                                     "that many at once, and the others as they come")
     completions: int | None = Field(None, ge=1, description="pods that must succeed (default: parallelism; "
                                                             "Job and JobSet only)")
+    lws_size: int | None = Field(None, ge=1, le=MAX_PODS_PER_CLAIM,
+                                 description="LeaderWorkerSet only: pods per group (leader and workers, its "
+                                             "leaderWorkerTemplate.size); parallelism is then the pods of all "
+                                             "groups, a multiple of it, each group a launch of its own (ranks "
+                                             "0..lws_size-1, its leader as rank 0), and an elastic "
+                                             "LeaderWorkerSet grows and shrinks by whole groups (default: one "
+                                             "group of parallelism pods)")
     gpus_per_pod: int = Field(GPUS_PER_NODE, ge=0, le=GPUS_PER_NODE,
                               description=f"GPUs per pod, 0..{GPUS_PER_NODE} "
                                           f"(a GB200 compute tray has {GPUS_PER_NODE})")
@@ -138,7 +145,10 @@ class BoundJobArgs(BaseModel):
         """The pods placed at once in a clique group (the pods' group-size annotation): the group
         size, or an elastic job's min_parallelism (a constant, so the pod template stays the same
         at every size; the pods past it join one by one)."""
-        return (self.min_parallelism or 1) if self.elastic else self.group_size
+        if self.elastic:
+            # A LeaderWorkerSet's groups come whole: each is placed at once (its leader waits for them).
+            return self.lws_size or self.min_parallelism or 1
+        return self.group_size
 
     @field_validator("pod_template")
     @classmethod
@@ -167,6 +177,8 @@ class BoundJobArgs(BaseModel):
         if self.kind != "JobSet" and self.max_restarts:
             raise ValueError(f"max_restarts applies to JobSet (its failurePolicy), not {self.kind}: leave it unset"
                              + (" (a Job's pods are not retried: its backoffLimit is 0)" if self.kind == "Job" else ""))
+        if self.lws_size is not None:
+            self._lws_groups()
         if self.kind not in BATCH_KINDS and self.completions is not None:
             raise ValueError(f"completions applies to Job and JobSet, not {self.kind}: leave it unset")
         if self.completions is not None and self.completions < self.parallelism:
@@ -217,9 +229,10 @@ class BoundJobArgs(BaseModel):
         if self.kind == "JobSet":
             raise ValueError("max_parallelism on a JobSet: a JobSet's replicated Jobs are immutable, so its size "
                              "cannot change in place: use kind Job (an elastic Indexed Job) or StatefulSet")
-        if self.kind == "LeaderWorkerSet":
-            raise ValueError("max_parallelism on a LeaderWorkerSet: its group size is part of its template, whose "
-                             "change restarts every group: use kind Job or StatefulSet")
+        if self.kind == "LeaderWorkerSet" and self.lws_size is None:
+            raise ValueError("max_parallelism on a LeaderWorkerSet without lws_size: its one group's size is part of "
+                             "its template, whose change restarts every group; set lws_size (pods per group) to grow "
+                             "and shrink it by whole groups, or use kind Job or StatefulSet")
         if self.clique_groups > 1:
             raise ValueError(f"max_parallelism over a MultiClique domain ({self.clique_groups} clique groups): a pod's "
                              "rank there is its group x the group size, which a new size would change under "
@@ -233,6 +246,24 @@ class BoundJobArgs(BaseModel):
         if self.queue_name is not None:
             raise ValueError("queue_name on an elastic job: Kueue admits a job at the size it was queued with; "
                              "leave queue_name unset or max_parallelism unset")
+
+    def _lws_groups(self) -> None:
+        """A LeaderWorkerSet of several groups: every size a whole number of them."""
+        size = self.lws_size
+        assert size is not None
+        if self.kind != "LeaderWorkerSet":
+            raise ValueError(f"lws_size applies to a LeaderWorkerSet (pods per group), not {self.kind}: leave it unset")
+        sizes = {"parallelism": self.parallelism, "max_parallelism": self.max_parallelism,
+                 "min_parallelism": self.min_parallelism}
+        for field_name, value in sizes.items():
+            if value is not None and value % size:
+                raise ValueError(f"{field_name} {value} is not a whole number of LeaderWorkerSet groups of lws_size "
+                                 f"{size}: use a multiple of {size}")
+
+    @property
+    def lws_groups(self) -> int:
+        """A LeaderWorkerSet's replicas: its groups."""
+        return self.parallelism // (self.lws_size or self.parallelism)
 
     def _on_nvidia(self) -> BoundJobArgs:
         if self.reservation_gate:

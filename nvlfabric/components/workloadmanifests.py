@@ -171,9 +171,10 @@ def _single_manifests(args: BoundJobArgs, *, namespace: str, claim_name: Any, do
             **_jobset_spec(args), "replicatedJobs": [{"name": JOBSET_REPLICATED_JOB, "replicas": 1,
                                                       "template": {"spec": _job_spec(args, tpl)}}]}}]
     annotations["pulumi.com/waitFor"] = "condition=Available" if args.wait else "jsonpath={.metadata.uid}"
+    # lws_size: several groups of that many pods, replicas the groups (an elastic one's changes in place).
     return [{"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta, "spec": {
-        "replicas": 1, "startupPolicy": "LeaderCreated",
-        "leaderWorkerTemplate": {"size": n, "workerTemplate": tpl}}}]
+        "replicas": args.lws_groups, "startupPolicy": "LeaderCreated",
+        "leaderWorkerTemplate": {"size": args.lws_size or n, "workerTemplate": tpl}}}]
 
 
 def _group_manifests(args: BoundJobArgs, *, namespace: str, claims: list[str], domain: str,

@@ -7,7 +7,8 @@ end with nvlfabric's agents and controller on two simulated racks:
   and the new pods get the same domain, claims and channels; `pulumi destroy` leaves nothing;
 - beside it, on the stack's driver, a single-clique JobSet: its pods Running with their channel,
   ranks 0..n-1 from their completion indexes, and one rank-0 address, the host JobSet's own
-  headless Service names.
+  headless Service names; a member whose node turns sick is replaced on a healthy node of the
+  clique by its own Job, with no JobSet restart and the other member untouched (issue 51).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from nvlfabric.api.names import CLIQUE_GROUP_ANNOTATION, CLIQUE_LABEL, WORKLOAD_LABEL
 from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller.cache import ComputeDomainResource
+from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, ready_domain_status
 from nvlfabric.testbed.controlplane import ControlPlane
 from nvlfabric.testbed.pulumi_cli import PulumiProject
@@ -101,6 +103,34 @@ def test_a_jobset_on_one_clique_runs_with_its_channel_ranks_and_rank_0s_address(
     # its pods, and the domain's hold that keeps its channel through a restart
     assert {(r.resource, r.name) for r in claim.status.reservedFor} == {
         *(("pods", p.metadata.name) for p in pods), ("computedomains", name)}
+
+    # Issue 51: a member's node turns sick (fabric degraded) while a node of the clique is free.
+    # The controller fails that pod as disrupted; its Job's podFailurePolicy ignores the failure
+    # and recreates the index on a healthy node of the clique, on the same claim and channel.
+    # JobSet restarts nothing (no Job failed) and the other member is untouched.
+    nodes = {n.name: n for n in cp.nodes()}
+    index = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"]: p for p in pods}
+    sick, stays = index["1"], index["0"]
+    clique_of = {n.metadata.name: (n.metadata.labels or {}).get(CLIQUE_LABEL) for n in client.list(Node)}
+    faults.inject(cp.state_dir, nodes[sick.spec.nodeName], "fabric-degraded")
+    try:
+        healed = eventually("the sick node's pod to be replaced and run on a healthy node", lambda: (
+            ps if (ps := running(client, name, 2)) and sick.metadata.uid not in {p.metadata.uid for p in ps}
+            else None), timeout=120)
+        (new,) = [p for p in healed if p.metadata.uid != stays.metadata.uid]
+        assert new.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1"
+        assert new.spec.nodeName != sick.spec.nodeName
+        assert clique_of[new.spec.nodeName] == clique_of[sick.spec.nodeName] == status["clique"]
+        kept = client.get(Pod, stays.metadata.name, namespace="default")
+        assert kept.metadata.uid == stays.metadata.uid
+        assert [c.restartCount for c in kept.status.containerStatuses] == [0]
+        assert (client.get(JobSet, name, namespace="default").get("status") or {}).get("restarts", 0) == 0
+        assert container_record(cp, new, "worker")["deviceNodes"] == [
+            {"path": f"/dev/nvidia-caps-imex-channels/channel{channel}", "type": "c", "major": 507, "minor": channel}]
+        after = ready_domain_status(client, name)
+        assert (after["clique"], after["channel"]) == (status["clique"], channel)
+    finally:
+        faults.inject(cp.state_dir, nodes[sick.spec.nodeName], "clear")
 
     # Out of the way of the stack's jobs: the JobSet, then the domain once its pods are gone.
     client.delete(JobSet, name, namespace="default")

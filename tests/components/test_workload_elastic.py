@@ -76,7 +76,32 @@ def test_an_elastic_jobs_pods_read_the_size_range_and_no_world_size() -> None:
         names.GROUP_SIZE_ANNOTATION] == "1"
 
 
+def test_an_elastic_leaderworkerset_changes_its_number_of_groups_and_nothing_in_them() -> None:
+    """lws_size: groups of that many pods, each a launch of its own; an elastic LeaderWorkerSet's
+    size is its replicas (groups), its group template the same at every size."""
+    sizes = {n: _workload("LeaderWorkerSet", parallelism=n, lws_size=2, min_parallelism=2, max_parallelism=8)
+             for n in (2, 4, 8)}
+    assert {n: (w["spec"]["replicas"], w["spec"]["leaderWorkerTemplate"]["size"]) for n, w in sizes.items()} == {
+        2: (1, 2), 4: (2, 2), 8: (4, 2)}
+    templates = [{k: v for k, v in w["spec"].items() if k != "replicas"} for w in sizes.values()]
+    assert templates[0] == templates[1] == templates[2]
+    tpl = sizes[4]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in tpl["spec"]["containers"][0]["env"]}
+    # Each group's world is the group, its leader rank 0 (LWS's own address of it).
+    assert env[names.WORLD_SIZE_ENV] == "2" and names.NNODES_ENV not in env
+    assert env[names.MASTER_ADDR_ENV] == f"$({names.LWS_LEADER_ADDRESS_ENV})"
+    assert tpl["metadata"]["annotations"][names.GROUP_SIZE_ANNOTATION] == "2"  # a group is placed whole
+    # Without lws_size a LeaderWorkerSet is one group of parallelism pods, as before.
+    one = _workload("LeaderWorkerSet", parallelism=3)["spec"]
+    assert (one["replicas"], one["leaderWorkerTemplate"]["size"]) == (1, 3)
+
+
 @pytest.mark.parametrize(("args", "says"), [
+    ({"kind": "LeaderWorkerSet", "parallelism": 3, "lws_size": 2}, "parallelism 3 is not a whole number of "
+                                                                     "LeaderWorkerSet groups of lws_size 2"),
+    ({"kind": "LeaderWorkerSet", "parallelism": 2, "lws_size": 2, "max_parallelism": 5},
+     "max_parallelism 5 is not a whole number"),
+    ({"parallelism": 2, "lws_size": 2}, "lws_size applies to a LeaderWorkerSet"),
     ({"parallelism": 5, "max_parallelism": 4}, "outside the elastic range"),
     ({"parallelism": 2, "min_parallelism": 3, "max_parallelism": 4}, "outside the elastic range"),
     ({"parallelism": 2, "min_parallelism": 2}, "min_parallelism without max_parallelism"),
@@ -120,10 +145,13 @@ def test_an_elastic_jobs_size_is_its_own_resource(monkeypatch: pytest.MonkeyPatc
     BoundJob("elastic", parallelism=3, max_parallelism=6, **common)
     BoundJob("fixed", parallelism=3, **common)
     BoundJob("set", kind="StatefulSet", parallelism=3, max_parallelism=6, **common)
+    monkeypatch.setattr(k8s.apiextensions, "CustomResource", spy(k8s.apiextensions.CustomResource))
+    BoundJob("groups", kind="LeaderWorkerSet", parallelism=4, lws_size=2, max_parallelism=8, **common)
     created_only = ["spec.podFailurePolicy", "spec.backoffLimitPerIndex", "spec.maxFailedIndexes"]
     assert made == {"elastic": ("Job", [*created_only, *ELASTIC_SIZE], None),
                     "elastic-size": ("JobParallelism", [], 3),
-                    "fixed": ("Job", created_only, None), "set": ("StatefulSet", [], None)}
+                    "fixed": ("Job", created_only, None), "set": ("StatefulSet", [], None),
+                    "groups": ("CustomResource", [], None)}  # replicas: an update of the custom resource
 
 
 def test_an_elastic_job_on_a_domain_of_another_fixed_size_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:

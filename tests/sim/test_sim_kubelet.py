@@ -29,7 +29,7 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
-from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from nvlfabric.sim.cluster import eventually
 from nvlfabric.sim.kubelet.fakeplugin import FakePlugin
@@ -179,6 +179,42 @@ def test_pod_with_a_claim_is_prepared_resolved_and_started(cluster: Cluster, sim
     assert [c[0] for c in plugin.calls] == ["prepare", "unprepare"]
     assert plugin.calls[0][2] == plugin.calls[1][2]
     assert not list(plugin.cdi_dir.glob(f"k8s.{plugin.driver}-claim_*.json"))
+
+
+def test_a_claim_two_pods_on_the_node_share_is_unprepared_with_the_last_of_them(
+        cluster: Cluster, sim_nodes: list[SimNode], plugin: FakePlugin) -> None:
+    """As the kubelet's claim info does: a claim stays prepared while another pod on the node uses
+    it (a domain's shared channel claim, two of its pods on one node), and is unprepared when the
+    last one goes. Unpreparing it with the first pod took the channel from the one still running."""
+    client, node = cluster.client, sim_nodes[0]
+    assert plugin.registered.wait(10), plugin.registration_error
+    claim = f"shared-{uuid.uuid4().hex[:6]}"
+    client.create(ResourceClaim(metadata=ObjectMeta(name=claim, namespace="default"), spec=ResourceClaimSpec(
+        devices=DeviceClaim(requests=[DeviceRequest(name="gpu", exactly=ExactDeviceRequest(
+            deviceClassName=plugin.driver))]))))
+    pods = [f"s{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    try:
+        for pod in pods:
+            client.create(Pod(metadata=ObjectMeta(name=pod, namespace="default"), spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": node.name},
+                resourceClaims=[PodResourceClaim(name="gpu", resourceClaimName=claim)],
+                containers=[Container(name="main", image="registry.invalid/train:1",
+                                      resources=ResourceRequirements(claims=[ContainerClaim(name="gpu")]))])))
+        for pod in pods:
+            eventually(f"pod {pod} to run", lambda pod=pod: phase(client, pod) == "Running")
+        client.delete(Pod, pods[0], namespace="default")
+        eventually("the first pod to be removed", lambda: phase(client, pods[0]) == "Gone")
+        assert "unprepare" not in [c[0] for c in plugin.calls], plugin.calls
+        assert phase(client, pods[1]) == "Running"
+        client.delete(Pod, pods[1], namespace="default")
+        eventually("the last pod to be removed after unprepare", lambda: phase(client, pods[1]) == "Gone")
+        assert [c[0] for c in plugin.calls].count("unprepare") == 1
+    finally:
+        for pod in pods:
+            with contextlib.suppress(ApiError):
+                client.delete(Pod, pod, namespace="default")
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaim, claim, namespace="default")
 
 
 def test_a_pod_deleted_while_its_claim_is_being_prepared_is_still_removed(

@@ -51,7 +51,16 @@ async def _unprepare(client: AsyncClient, state: NodeState, pod: Pod) -> None:
         # Not prepared by this process (e.g. the kubelet restarted): unprepare anyway, as the
         # kubelet does from its checkpoint; plugins must treat unknown claims as done.
         prepared = await _prepared_from_api(client, pod)
-    for driver, refs in list((prepared or {}).items()):
+    # A claim another pod on this node still uses stays prepared (the kubelet's claim info keeps
+    # the pods of each claim and unprepares with the last): pods of a shared channel claim that
+    # share a node must not lose their channel when one of them goes.
+    in_use = {r.uid for other, drivers in state.prepared.items() if other != uid
+              for refs in drivers.values() for r in refs}
+    for driver, all_refs in list((prepared or {}).items()):
+        refs = [r for r in all_refs if r.uid not in in_use]
+        if not refs:
+            state.prepared.get(uid, {}).pop(driver, None)
+            continue
         plugin = state.plugin_for(driver)
         if plugin is None:
             raise PodNotReady("FailedUnprepareDynamicResources",
