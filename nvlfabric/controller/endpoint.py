@@ -5,8 +5,9 @@
 - `/readyz` (readiness): 200 for the leader, and for a standby whose last read of the Lease
   succeeded within `stale_s` (it can take over); 503 otherwise. A standby is ready on purpose:
   a Deployment of two replicas must be able to roll, and only one of them can ever lead.
-- `/metrics`: `nvlfabric_controller_leader` (1 on the holder), and
-  `nvlfabric_controller_watch_failures_total{watch}` (failed lists or watches, per watched kind).
+- `/metrics`: `nvlfabric_controller_leader` (1 on the holder),
+  `nvlfabric_controller_watch_failures_total{watch}` (failed lists or watches, per watched kind)
+  and `nvlfabric_controller_domain_member_changes_total{direction}` (joined, left).
 
 Served with `nvlfabric.daemon.metrics`, the same exposition the node agent uses.
 """
@@ -25,6 +26,9 @@ log = logging.getLogger("nvlfabric.controller")
 
 REGISTRY = metrics.Registry()
 LEADER = metrics.Gauge(REGISTRY, "nvlfabric_controller_leader", "1 while this replica holds the controller's Lease")
+MEMBER_CHANGES = metrics.Counter(REGISTRY, "nvlfabric_controller_domain_member_changes",
+                                 "Member nodes that joined or left a Ready ComputeDomain (its job grown or shrunk, a "
+                                 "replacement joining), by direction", "direction")
 WATCH_FAILURES = metrics.Counter(REGISTRY, "nvlfabric_controller_watch_failures",
                                  "Lists or watches of the API server that failed, by watched kind", "watch")
 

@@ -84,6 +84,18 @@ def judge(status: api.ComputeDomainStatus, entries: Sequence[api.NodeStatus], *,
     return NodeLoss(tuple(n for _, n in sorted(lost.items())), members, healed or not lost, new)
 
 
+def membership_change(status: api.ComputeDomainStatus, loss: NodeLoss) -> tuple[list[str], list[str]]:
+    """The member nodes that joined and left a Ready domain since its last status (pure): a grow,
+    a shrink, a replacement joining. Nodes lost are told by their own Event, not as left; a
+    domain still forming (not Ready before) changes members by design, which is no news."""
+    if status.phase is not api.Phase.READY:
+        return [], []
+    before = {n.name for n in status.nodes}
+    now = {e.name for e in loss.members}
+    lost = {n.name for n in loss.lost}
+    return sorted(now - before), sorted(before - now - lost)
+
+
 def describe(loss: NodeLoss, *, policy: api.NodeLossPolicy, clique: str | None, free_nodes: int | None) -> str:
     """The NodesAvailable condition's message: which nodes, why, and what is done about them.
     `free_nodes`: nodes of the clique with a free GPU (None: not known)."""

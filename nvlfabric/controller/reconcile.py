@@ -47,7 +47,18 @@ from lightkube.types import PatchType
 
 from nvlfabric.api import computedomain as api
 from nvlfabric.api import errors, names
-from nvlfabric.controller import events, feasibility, imexauth, lostpods, nodeloss, placement, pools, quota, strayclaims
+from nvlfabric.controller import (
+    endpoint,
+    events,
+    feasibility,
+    imexauth,
+    lostpods,
+    nodeloss,
+    placement,
+    pools,
+    quota,
+    strayclaims,
+)
 from nvlfabric.controller.cache import AgentNode, ComputeDomainResource, DomainRecord, Informers, cluster_use
 from nvlfabric.controller.informer import Informer
 from nvlfabric.controller.members import Members
@@ -490,13 +501,22 @@ class Controller:
 
     def _after_loss(self, obj: Any, cd: api.ComputeDomain, before: api.ComputeDomainStatus, loss: nodeloss.NodeLoss,
                     told: str) -> None:
-        """Once a summary is written: the Events of a node lost and of the domain healed."""
+        """Once a summary is written: the Events of a node lost, of members joined or left, and of
+        the domain healed."""
         namespace, name = cd.metadata.namespace or "default", cd.metadata.name
         uid = str((obj.metadata.uid if obj.metadata else None) or "")
         for n in loss.new:
             events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "NodeLost",
                          f"member {told}" if told.startswith(f"node {n.name} lost") else
                          f"member node {n.name} lost ({n.reason}: {n.message}); {told}")
+        joined, left = nodeloss.membership_change(before, loss)
+        if joined or left:  # a grown or shrunk job, a replacement joining: `kubectl describe cd` says so
+            endpoint.MEMBER_CHANGES.labels("joined").inc(len(joined))
+            endpoint.MEMBER_CHANGES.labels("left").inc(len(left))
+            events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "MembersChanged",
+                         "; ".join([*([f"joined: {', '.join(joined)}"] if joined else []),
+                                    *([f"left: {', '.join(left)}"] if left else []),
+                                    f"{len(loss.members)} member nodes now"]), type_="Normal")
         was_lost = next((c.reason == "NodeLost" for c in before.conditions if c.type == "Ready"), False)
         if was_lost and loss.healed:
             events.event(self.client, namespace, api.KIND, api.API_VERSION, name, uid, "NodeLossHealed",

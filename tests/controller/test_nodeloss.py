@@ -59,6 +59,20 @@ def test_a_deleted_node_is_remembered_by_the_status_until_replaced() -> None:
     assert judge(ready, [entry("a")], known={"a", "b"}).lost == ()
 
 
+def test_members_joining_or_leaving_a_ready_domain_are_told_but_not_losses_or_a_forming_domain() -> None:
+    ready = api.ComputeDomainStatus(phase=api.Phase.READY, nodes=[entry("a"), entry("b")])
+    grown = judge(ready, [entry("a"), entry("b"), entry("c", ready=False)])
+    assert nodeloss.membership_change(ready, grown) == (["c"], [])
+    shrunk = judge(ready, [entry("a")], known={"a", "b"})
+    assert nodeloss.membership_change(ready, shrunk) == ([], ["b"])
+    # A lost node has its own Event (NodeLost): not told as left.
+    lost = judge(ready, [entry("a"), entry("b")], down={"b": "Ready Unknown"})
+    assert nodeloss.membership_change(ready, lost) == ([], [])
+    # A domain still forming (members arriving as they are placed) is no news.
+    forming = api.ComputeDomainStatus(phase=api.Phase.ALLOCATING, nodes=[entry("a")])
+    assert nodeloss.membership_change(forming, judge(forming, [entry("a"), entry("b")])) == ([], [])
+
+
 def test_a_sick_fabric_is_a_loss_only_under_replace() -> None:
     ready = api.ComputeDomainStatus(phase=api.Phase.READY, nodes=[entry("a"), entry("b")])
     assert [n.reason for n in judge(ready, [entry("a"), entry("b")], sick={"a": "FabricDegraded"}).lost] == [

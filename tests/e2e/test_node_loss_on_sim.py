@@ -240,6 +240,14 @@ def test_a_domain_without_num_nodes_grows_and_shrinks_with_its_elastic_job(sim: 
     assert {p.spec.nodeName for p in pods.values()} == set(nodes) == {n["name"] for n in grown["nodes"]}
     assert (grown["clique"], grown["channel"]) == (before["clique"], before["channel"])
     untouched(3)
+    # `kubectl describe cd` says who joined (a grow may come over one pass or two).
+    new_nodes = sorted(set(nodes) - {first.spec.nodeName})
+
+    def joined() -> list[str]:
+        return sorted(n for e in events(client, job, "MembersChanged") for part in (e.message or "").split("; ")
+                      if part.startswith("joined: ") for n in part.removeprefix("joined: ").split(", "))
+
+    eventually("MembersChanged Events naming the joined nodes", lambda: joined() == new_nodes, timeout=30)
 
     # Shrunk by 1: the last index leaves; its node's daemon stops and its claim is unprepared.
     leaving = pods["2"]
@@ -258,3 +266,7 @@ def test_a_domain_without_num_nodes_grows_and_shrinks_with_its_elastic_job(sim: 
     assert leaving.metadata.uid not in reserved
     assert not shrunk.get("lostNodes"), shrunk["lostNodes"]
     untouched(2)
+    left = eventually("a MembersChanged Event naming the left node", lambda: [
+        e for e in events(client, job, "MembersChanged") if f"left: {leaving.spec.nodeName}" in (e.message or "")],
+        timeout=30)
+    assert left[0].type == "Normal" and "2 member nodes now" in left[0].message, left[0].message
