@@ -32,14 +32,16 @@ bytecode: $(STAMP)
 tools:
 	@$(PY) tools/build.py
 
-# Debian packages the simulator needs: OpenSSL 3 headers (the IMEX stand-in's TLS, nvlfabric/sim/imex)
-# and iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py).
+# Debian packages the simulator needs: OpenSSL 3 headers (the IMEX stand-in's TLS, nvlfabric/sim/imex),
+# iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py) and busybox-static (the
+# rootfs of containers the real runtime runs, tests/sim/test_real_runtime_tools.py).
 APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q
+SYSDEPS = libssl-dev iproute2 busybox-static
 sysdeps:
-	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null || { \
-		echo "[sysdeps] installing libssl-dev iproute2 (OpenSSL headers, the ip command)"; \
-		$(APT_INSTALL) libssl-dev iproute2 >/dev/null || \
-		{ apt-get update -q >/dev/null && $(APT_INSTALL) libssl-dev iproute2 >/dev/null; }; }
+	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null && test -x /bin/busybox || { \
+		echo "[sysdeps] installing $(SYSDEPS) (OpenSSL headers, the ip command, a static busybox)"; \
+		$(APT_INSTALL) $(SYSDEPS) >/dev/null || \
+		{ apt-get update -q >/dev/null && $(APT_INSTALL) $(SYSDEPS) >/dev/null; }; }
 
 # The C stand-ins for NVIDIA's closed parts (NVML library, IMEX daemon and ctl); seconds to build.
 nvml: sysdeps

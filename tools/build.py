@@ -50,6 +50,12 @@ PULUMI_YAML_VERSION = "v1.25.0"
 JOBSET_VERSION = "v0.10.1"
 LWS_VERSION = "v0.7.0"
 KUEUE_VERSION = "v0.14.0"
+# A real container runtime for real-kubelet nodes (issue 52): containerd 2.x (CDI on by default),
+# runc, and the CNI plugins its CRI plugin calls.
+CONTAINERD_VERSION = "v2.4.2"
+RUNC_VERSION = "v1.5.3"
+CNI_PLUGINS_VERSION = "v1.10.0"
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 
 def cache_root() -> Path:
@@ -228,6 +234,31 @@ def addon_assemble(config: str) -> Callable[[Tool, Path], None]:
     return assemble
 
 
+def containerd_recipe(tool: Tool, out: Path) -> list[Step]:
+    """containerd, ctr and the runc shim, static (no btrfs snapshotter: it needs cgo and libbtrfs)."""
+    pkg = "github.com/containerd/containerd/v2"
+    stamp = f"-X {pkg}/version.Version={tool.version} -X {pkg}/version.Package={pkg}"
+    return [Step(f"go build {' '.join(tool.binaries)}",
+                 ["go", "build", "-trimpath", "-tags", "no_btrfs urfave_cli_no_docs", "-ldflags", f"-s -w {stamp}",
+                  "-o", str(out) + "/", *(f"{pkg}/cmd/{b}" for b in tool.binaries)], tool.wrapper)]
+
+
+def runc_recipe(tool: Tool, out: Path) -> list[Step]:
+    """runc needs cgo (its nsenter runs before the Go runtime starts); no seccomp tag: no libseccomp."""
+    env = go_env()
+    env["CGO_ENABLED"] = "1"
+    return [Step("go build runc (cgo)", ["go", "build", "-trimpath", "-ldflags",
+                                         f"-s -w -X main.version={tool.version.removeprefix('v')}",
+                                         "-o", str(out / "runc"), "github.com/opencontainers/runc"], tool.wrapper, env)]
+
+
+def cni_recipe(tool: Tool, out: Path) -> list[Step]:
+    where = {"bridge": "main", "host-local": "ipam", "loopback": "main", "portmap": "meta"}
+    return [Step(f"go build {' '.join(tool.binaries)}",
+                 ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out) + "/",
+                  *(f"{tool.module}/plugins/{where[b]}/{b}" for b in tool.binaries)], tool.wrapper)]
+
+
 def module_dir(module: str, version: str, wrapper: Path) -> Path:
     """Download a module (checked against the wrapper's go.sum) and return its read-only dir."""
     res = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd=wrapper,
@@ -266,6 +297,13 @@ TOOLS: list[Tool] = [
     # Kueue's, for `--addons kueue`: Kubernetes libraries 0.34 like JobSet's, but its own module graph.
     Tool("kueue", "sigs.k8s.io/kueue", KUEUE_VERSION, TOOLS_DIR / "kueue", ["kueue-manager"],
          addon_recipe("sigs.k8s.io/kueue/cmd/kueue"), assemble=addon_assemble("config/components")),
+    # A real container runtime for real-kubelet nodes: containerd 2.x with its runc shim, runc, and
+    # the CNI plugins (wrappers of their own: three module graphs, and runc alone needs cgo).
+    Tool("containerd", "github.com/containerd/containerd/v2", CONTAINERD_VERSION, TOOLS_DIR / "containerd",
+         ["containerd", "ctr", "containerd-shim-runc-v2"], containerd_recipe),
+    Tool("runc", "github.com/opencontainers/runc", RUNC_VERSION, TOOLS_DIR / "runc", ["runc"], runc_recipe),
+    Tool("cni-plugins", "github.com/containernetworking/plugins", CNI_PLUGINS_VERSION, TOOLS_DIR / "cni",
+         list(CNI_PLUGINS), cni_recipe),
 ]
 
 
@@ -365,7 +403,12 @@ def install_links() -> dict[str, object]:
             continue
         present[tool.name] = str(cached)
         for name in tool.binaries:
-            if name == "pulumi-resource-kubernetes":
+            if tool.name == "cni-plugins":
+                # A CNI plugin directory of their own (the CRI plugin's bin_dir): `bridge` and
+                # `portmap` on PATH would shadow iproute2's `bridge`.
+                (BUILD / "cni").mkdir(parents=True, exist_ok=True)
+                _relink(BUILD / "cni" / name, cached / name)
+            elif name == "pulumi-resource-kubernetes":
                 # The engine looks plugins up as $PULUMI_HOME/plugins/resource-<name>-v<version>/;
                 # a link is what `pulumi plugin install --file` would copy, without the copy.
                 plugin_dir = pulumi_home / "plugins" / f"resource-kubernetes-{tool.version}"
@@ -385,6 +428,7 @@ def install_links() -> dict[str, object]:
     manifest = {
         "bin_dir": str(bindir),
         "pulumi_home": str(pulumi_home),
+        "cni_dir": str(BUILD / "cni"),
         "versions": {t.name: t.version for t in TOOLS},
         "cache_dirs": present,
         "missing": [t.name for t in TOOLS if t.name not in present],

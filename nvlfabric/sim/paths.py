@@ -42,6 +42,8 @@ class Tools:
     bin_dir: Path
     pulumi_home: Path
     versions: dict[str, str]
+    cni_dir: Path | None = None
+    """The CNI plugins (bridge, host-local, loopback, portmap): a directory of their own, not bin_dir."""
 
     def binary(self, name: str) -> Path:
         path = self.bin_dir / name
@@ -60,4 +62,4 @@ def load_tools() -> Tools:
     except ValueError as exc:
         raise ToolsMissing(f"tool manifest {manifest} is not valid JSON ({exc}); run `make tools` again") from None
     return Tools(bin_dir=Path(data["bin_dir"]), pulumi_home=Path(data["pulumi_home"]),
-                 versions=dict(data["versions"]))
+                 versions=dict(data["versions"]), cni_dir=Path(data["cni_dir"]) if data.get("cni_dir") else None)

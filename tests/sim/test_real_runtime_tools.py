@@ -1,0 +1,117 @@
+"""The real container runtime, built from its Go modules by tools/build.py (issue 52, item 1): runc
+runs a container from a busybox rootfs on this machine, and containerd starts on a root, state and
+socket of its own with its CRI plugin and CDI on, and answers `ctr`. What the real-kubelet nodes
+need of it before they can run on it; the nodes themselves come next (issue 52)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvlfabric.sim.paths import load_tools
+
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (make sysdeps)
+
+
+def tool(name: str) -> Path:
+    return load_tools().binary(name)
+
+
+def cni_dir() -> Path:
+    found = load_tools().cni_dir
+    assert found is not None and found.is_dir(), "no CNI plugins: `make tools` builds them into build/cni"
+    return found
+
+
+def test_runc_runs_a_container_from_a_busybox_rootfs(tmp_path: Path) -> None:
+    if not BUSYBOX.exists():
+        pytest.fail(f"{BUSYBOX} is missing: `make sysdeps` installs Debian's busybox-static")
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "bin").mkdir(parents=True)
+    shutil.copy2(BUSYBOX, bundle / "rootfs" / "bin" / "busybox")
+    runc = str(tool("runc"))
+    assert "runc version 1.5.3" in subprocess.run([runc, "--version"], capture_output=True, text=True,
+                                                  check=True).stdout
+    subprocess.run([runc, "spec"], cwd=bundle, check=True)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["/bin/busybox", "sh", "-c", "echo hello from $(/bin/busybox hostname); "
+                                                           "/bin/busybox ps -o pid,args"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    name = f"nvlfabric-test-{tmp_path.name[-12:]}"
+    root = tmp_path / "runc-root"
+    done = subprocess.run([runc, "--root", str(root), "run", "--bundle", str(bundle), name],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "hello from runc"  # the spec's own hostname: a UTS namespace of its own
+    # A PID namespace of its own: its one process (the shell exec'd ps) is PID 1, no host process seen.
+    assert [ln.split(maxsplit=1) for ln in lines[2:]] == [["1", "/bin/busybox ps -o pid,args"]], done.stdout
+
+
+@contextlib.contextmanager
+def containerd(tmp_path: Path) -> Iterator[Path]:
+    """containerd on a root, state and socket of its own (containerd's own config format, v3)."""
+    sock = tmp_path / "containerd.sock"
+    config = tmp_path / "config.toml"
+    config.write_text(f'''version = 3
+root = "{tmp_path / 'root'}"
+state = "{tmp_path / 'state'}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_cdi = true
+  cdi_spec_dirs = ["{tmp_path / 'cdi'}"]
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  BinaryName = "{tool('runc')}"
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["{cni_dir()}"]
+  conf_dir = "{tmp_path / 'cni'}"
+''')
+    log = (tmp_path / "containerd.log").open("w")
+    proc = subprocess.Popen([str(tool("containerd")), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert proc.poll() is None, (tmp_path / "containerd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "containerd did not make its socket within 30 s"
+            time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_containerd_starts_with_its_cri_plugin_and_cdi_and_answers_ctr(tmp_path: Path) -> None:
+    with containerd(tmp_path) as sock:
+        ctr = [str(tool("ctr")), "--address", str(sock)]
+        version = subprocess.run([*ctr, "version"], capture_output=True, text=True, timeout=30)
+        assert version.returncode == 0, version.stderr
+        assert "Server:" in version.stdout and "v2.4.2" in version.stdout.split("Server:")[1], version.stdout
+        plugins = subprocess.run([*ctr, "plugins", "ls"], capture_output=True, text=True, timeout=30, check=True)
+        rows = {(line.split()[0], line.split()[1]): line.split()[-1] for line in plugins.stdout.splitlines()[1:]
+                if len(line.split()) >= 3}
+        assert rows.get(("io.containerd.grpc.v1", "cri")) == "ok", plugins.stdout
+        assert rows.get(("io.containerd.cri.v1", "runtime")) == "ok", plugins.stdout
+        shim = tool("containerd-shim-runc-v2")
+        assert subprocess.run([str(shim), "-v"], capture_output=True, text=True, timeout=30).returncode == 0
+    cni = cni_dir()
+    for plugin in ("bridge", "host-local", "loopback", "portmap"):
+        answer = subprocess.run([str(cni / plugin)], env={"CNI_COMMAND": "VERSION"}, input='{"cniVersion":"1.0.0"}',
+                                capture_output=True, text=True, timeout=30)
+        assert "1.0.0" in json.loads(answer.stdout)["supportedVersions"], (plugin, answer.stdout, answer.stderr)
