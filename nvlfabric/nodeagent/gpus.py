@@ -19,14 +19,16 @@ agent write only its own node's slice of this driver.
   hands out `nvidia.com/gpu`, a second allocator over the same GPUs would hand one out twice. An
   agent not told to removes the slice an earlier one published.
 - **Writes**: server-side apply of the whole slice by the agent's field manager when what it
-  should say changed; the pool's generation goes up with each change (the scheduler uses only the
-  newest generation). Checked every second with the fabric (fabrichealth.Monitor), so a taint
-  shows within the 5 s the fabric's signals promise; a failed write is tried again the next
-  second. The slice stays when the agent stops: an upgrade must not make GPUs look gone.
+  should say changed, and again when it was deleted (read back every RECHECK_S: a starting
+  kubelet deletes its node's slices, and so does one whose plugin was gone 30 s); the pool's
+  generation goes up with each write (the scheduler uses only the newest generation). Checked
+  every second with the fabric (fabrichealth.Monitor), so a taint shows within the 5 s the
+  fabric's signals promise; a failed write is tried again the next second. The slice stays when
+  the agent stops: an upgrade must not make GPUs look gone.
 - **Prepare** is stateless: a claim's results of this driver in this node's pool name GPUs that
   NVML lists; each is the CDI device `k8s.gpu.nvlfabric.io/gpu=gpu-<index>` of the node's one GPU
-  spec (device node /dev/nvidia<minor>, with /dev/nvidiactl and /dev/nvidia-uvm for every GPU),
-  which the agent keeps written. Unprepare has nothing to undo.
+  spec (device node /dev/nvidia<minor>, with /dev/nvidiactl for every GPU), which the agent keeps
+  written. Unprepare has nothing to undo.
 - **Health** (the DRA health stream): every GPU, unhealthy while it is at fault, so the kubelet
   shows it in `allocatedResourcesStatus` of the pods that hold it.
 """
@@ -34,6 +36,7 @@ agent write only its own node's slice of this driver.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +56,9 @@ log = logging.getLogger("nvlfabric.nodeagent.gpus")
 
 NVIDIACTL_MINOR = 255
 CDI_VERSION = "0.5.0"
+RECHECK_S = 10.0
+"""How often the published slice is read back: a kubelet deletes its node's slices of a driver when
+it starts, and when the plugin was gone 30 s; the agent then publishes it again."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class Gpus:
         self._node_uid = ""
         self._spec_written: str | None = None
         self._failing = False
+        self._recheck_at = 0.0
 
     # -- after each NVML reading ----------------------------------------------------------------
 
@@ -163,6 +170,8 @@ class Gpus:
             self._write_cdi([g for g in gpus if g.index in self.present])
             if spec != self._published and gpus:
                 self._apply(spec)
+            elif self._published is not None and time.monotonic() >= self._recheck_at:
+                self._recheck()
         except (errors.NvlfabricError, OSError) as exc:
             if not self._failing:
                 log.error("could not publish the GPUs of node %s, retrying every second: %s", self.node, exc)
@@ -175,6 +184,18 @@ class Gpus:
     def _last_clique(self) -> str | None:
         devices = (self._published or {}).get("devices") or []
         return next((d["attributes"]["clique"]["string"] for d in devices if "clique" in d["attributes"]), None)
+
+    def _recheck(self) -> None:
+        """Publish the slice again when someone (a starting kubelet) deleted it."""
+        self._recheck_at = time.monotonic() + RECHECK_S
+        try:
+            self.client.get(kubeapi.path(RESOURCE_API, "resourceslices", names.gpu_slice_name(self.node)))
+        except errors.NotFound:
+            log.info("ResourceSlice %s was deleted (by a starting kubelet?): publishing it again",
+                     names.gpu_slice_name(self.node))
+            published, self._published = self._published, None
+            assert published is not None
+            self._apply(published)
 
     def _apply(self, spec: dict[str, Any]) -> None:
         path = kubeapi.path(RESOURCE_API, "resourceslices", names.gpu_slice_name(self.node))
@@ -189,6 +210,7 @@ class Gpus:
             self._generation = int(((live.get("spec") or {}).get("pool") or {}).get("generation") or 0)
         self.client.apply(path, slice_object(self.node, self._node_uid, spec, self._generation + 1))
         self._generation += 1
+        self._recheck_at = time.monotonic() + RECHECK_S
         first = self._published is None
         before = {d["name"] for d in (self._published or {}).get("devices") or [] if d.get("taints")}
         now = {d["name"] for d in spec["devices"] if d.get("taints")}

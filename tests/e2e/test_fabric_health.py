@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Event, Node, Pod
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from nvlfabric.api import names
 from nvlfabric.components.driver import NvlfabricDriverArgs, driver_objects
 from nvlfabric.controller.cache import ComputeDomainResource
+from nvlfabric.nodeagent import gpus
 from nvlfabric.sim import faults
 from nvlfabric.sim.cluster import eventually, install_crd, ready_domain_status
 from nvlfabric.sim.nodes import SimNode
@@ -250,6 +251,10 @@ def test_a_sick_gpu_is_tainted_in_the_nodes_slice_so_no_claim_gets_it_and_noexec
     devices = [names.gpu_device(i) for i in range(4)]
     eventually("the agent to publish the node's GPUs", lambda: (
         s if (s := gpu_slice(client, node.name)) == {d: [] for d in devices} else None), timeout=60)
+    # A starting kubelet deletes its node's slices (drivers must publish again): the agent does.
+    client.delete(ResourceSlice, names.gpu_slice_name(node.name))
+    eventually("the agent to publish the deleted slice again", lambda: gpu_slice(client, node.name) == {
+        d: [] for d in devices}, timeout=gpus.RECHECK_S + 5)
     run = uuid.uuid4().hex[:5]
     held, ext, ext2, wants2 = f"gpu-held-{run}", f"gpu-ext-{run}", f"gpu-ext2-{run}", f"gpu-two-{run}"
     try:
