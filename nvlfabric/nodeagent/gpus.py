@@ -150,12 +150,21 @@ class Gpus:
         self._spec_written: str | None = None
         self._failing = False
         self._recheck_at = 0.0
+        self._synced: tuple[object, object, object] | None = None
+        """The reading, verdict and known GPUs last synced: each is replaced, never modified, when it
+        changes (discovery.Session, fabrichealth.Monitor), so an unchanged second costs nothing."""
 
     # -- after each NVML reading ----------------------------------------------------------------
 
     def sync(self, found: NodeDiscovery, verdict: Verdict, known: Mapping[str, int]) -> None:
         """Bring the slice and the CDI spec up to date with one reading; failures are logged and
         retried at the next reading, never raised."""
+        due = self._published is not None and time.monotonic() >= self._recheck_at
+        inputs = (found, verdict, known)
+        if not self._failing and not due and self._synced is not None and all(
+                a is b for a, b in zip(inputs, self._synced, strict=True)):
+            return
+        self._synced = inputs
         for g in found.gpus:
             if g.uuid in known:  # the index first seen this boot: NVML's shifts when a GPU goes
                 g = g.model_copy(update={"index": known[g.uuid]})
@@ -170,7 +179,7 @@ class Gpus:
             self._write_cdi([g for g in gpus if g.index in self.present])
             if spec != self._published and gpus:
                 self._apply(spec)
-            elif self._published is not None and time.monotonic() >= self._recheck_at:
+            elif due:
                 self._recheck()
         except (errors.NvlfabricError, OSError) as exc:
             if not self._failing:
