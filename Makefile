@@ -33,13 +33,15 @@ tools:
 	@$(PY) tools/build.py
 
 # Debian packages the simulator needs: OpenSSL 3 headers (the IMEX stand-in's TLS, nvlfabric/sim/imex),
-# iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py) and busybox-static (the
-# rootfs of containers the real runtime runs, tests/sim/test_real_runtime_tools.py).
-APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q
-SYSDEPS = libssl-dev iproute2 busybox-static
+# iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py), busybox-static (the
+# workload image of containerd nodes), and for those nodes mmdebstrap and buildah (their images, built
+# with no registry: nvlfabric/testbed/nodeimages.py) and iptables (the `kubernetes` Service's address).
+APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+SYSDEPS = libssl-dev iproute2 busybox-static mmdebstrap buildah iptables
 sysdeps:
-	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null && test -x /bin/busybox || { \
-		echo "[sysdeps] installing $(SYSDEPS) (OpenSSL headers, the ip command, a static busybox)"; \
+	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null && test -x /bin/busybox \
+		&& command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v iptables >/dev/null || { \
+		echo "[sysdeps] installing $(SYSDEPS) (OpenSSL headers, ip, a static busybox, image builders, iptables)"; \
 		$(APT_INSTALL) $(SYSDEPS) >/dev/null || \
 		{ apt-get update -q >/dev/null && $(APT_INSTALL) $(SYSDEPS) >/dev/null; }; }
 
