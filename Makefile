@@ -29,17 +29,18 @@ bytecode: $(STAMP)
 
 # Go-built tools (Pulumi CLI + language host, Kubernetes provider plugin, etcd, kube-*),
 # cached outside the checkout by pinned version; seconds when cached.
-tools:
+tools: sysdeps
 	@$(PY) tools/build.py
 
 # Debian packages the simulator needs: OpenSSL 3 headers (the IMEX stand-in's TLS, nvlfabric/sim/imex),
+# libseccomp's (runc's seccomp, tools/build.py),
 # iproute2 (`ip`: the pods' network namespaces, nvlfabric/sim/podnetwork.py), busybox-static (the
 # workload image of containerd nodes), and for those nodes mmdebstrap and buildah (their images, built
 # with no registry: nvlfabric/testbed/nodeimages.py) and iptables (the `kubernetes` Service's address).
 APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
-SYSDEPS = libssl-dev iproute2 busybox-static mmdebstrap buildah iptables
+SYSDEPS = libssl-dev libseccomp-dev iproute2 busybox-static mmdebstrap buildah iptables
 sysdeps:
-	@test -f /usr/include/openssl/ssl.h && command -v ip >/dev/null && test -x /bin/busybox \
+	@test -f /usr/include/openssl/ssl.h && test -f /usr/include/seccomp.h && command -v ip >/dev/null && test -x /bin/busybox \
 		&& command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v iptables >/dev/null || { \
 		echo "[sysdeps] installing $(SYSDEPS) (OpenSSL headers, ip, a static busybox, image builders, iptables)"; \
 		$(APT_INSTALL) $(SYSDEPS) >/dev/null || \

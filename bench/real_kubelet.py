@@ -1,21 +1,28 @@
 """Real-kubelet node benchmark → bench/results/real_kubelet.json.
 
-One rack of two nodes, `nvlfabric-sim up --real-kubelets 1`: rack-<r>-node-00 run by the
-simulated kubelet, rack-<r>-node-01 by the real kubelet against nvlfabric's CRI stand-in
-(nvlfabric/sim/cri). nvlfabric's driver is applied as its manifests are (agent DaemonSet, IMEX
-keeper, controller), then a ComputeDomain's channel claim and one pod per node.
+One rack of two nodes, `nvlfabric-sim up --real-kubelets 1 --runtime containerd`: rack-<r>-node-00
+run by the simulated kubelet and its stand-in runtime, rack-<r>-node-01 by the real kubelet with
+containerd and runc, running the node image built from deploy/Dockerfile (testbed/nodeimages.py).
+nvlfabric's driver is applied as its manifests are (agent DaemonSet, IMEX keeper, controller),
+then a ComputeDomain's channel claim and one pod per node (the busybox workload image).
+`--runtime standin` runs the real kubelet against nvlfabric's CRI stand-in instead.
 
 Figures:
-- real_up_s                      `up` until both nodes are Ready (control plane included)
+- node_image_mb                  the node image's size (its archive: uncompressed layers)
+- real_up_s                      `up` until both nodes are Ready (control plane and image import included)
 - real_node_ready_s              of that: from the machine's start to its Node Ready
 - real_agent_ready_s             from applying the driver until the agent on the real-kubelet
                                  node is Ready (its startup and readiness probes, run by the kubelet)
 - sim_agent_ready_s              the same on the simulated node, for comparison
-- real_pod_running_s             from creating the domain's objects until the pod on the real-
-                                 kubelet node is Running (scheduling, prepare, CDI, the container)
-- sim_pod_running_s              the same for the simulated node's pod
+- containerd_first_pod_running_s from creating the domain's objects until the pod on the containerd
+                                 node is Running (scheduling, prepare, CDI, sandbox and CNI, the container)
+- standin_first_pod_running_s    the same for the simulated node's pod (stand-in runtime), same run
+- agent_container_memory_mb, keeper_container_memory_mb   the agent's and the IMEX keeper's
+                                 containers as their memory cgroups count them (memory.usage_in_bytes
+                                 on cgroup v1, memory.current on v2), the domain running
 - real_agent_restart_s           kill -9 of the agent until the kubelet has it Ready again
-- real_kubelet_rss_mb, real_runtime_rss_mb   the real kubelet's and the CRI stand-in's RSS
+- real_kubelet_rss_mb, real_runtime_rss_mb   the real kubelet's and its runtime's RSS (containerd,
+                                 or the CRI stand-in)
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from nvlfabric.api import computedomain, names  # noqa: E402
 from nvlfabric.provider.computedomain import channel_claim  # noqa: E402
 from nvlfabric.sim import faults  # noqa: E402
 from nvlfabric.sim.cluster import eventually, install_crd  # noqa: E402
+from nvlfabric.sim.nodes import SimNode  # noqa: E402
+from nvlfabric.testbed import nodeimages  # noqa: E402
 from nvlfabric.testbed.controlplane import ControlPlane, free_ports  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "real_kubelet.json"
@@ -88,8 +97,23 @@ def machine_pids(cp: ControlPlane, name: str) -> dict[str, int]:
         if argv[0].endswith(b"/kubelet") and f"--hostname-override={real.name}".encode() in argv:
             out["kubelet"] = int(proc.name)
         elif b"nvlfabric.sim.cri.machine" in argv and str(real.real_kubelet_dir).encode() in b" ".join(argv):
+            out.setdefault("runtime", int(proc.name))
+        elif argv[0].endswith(b"/containerd") and str(real.real_kubelet_dir).encode() in b" ".join(argv):
             out["runtime"] = int(proc.name)
     return out
+
+
+def container_memory_mb(node: SimNode, argv: list[bytes]) -> float:
+    """What the memory cgroup of the node's container running `argv` counts."""
+    (pid,) = [p for p in faults._processes(argv) if node.runs(p)]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # cgroup v1
+            usage = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.usage_in_bytes")
+            return round(int(usage.read_text()) / 2**20, 1)
+        if controllers == "":  # cgroup v2
+            return round(int(Path("/sys/fs/cgroup", path.lstrip("/"), "memory.current").read_text()) / 2**20, 1)
+    raise SystemExit(f"no memory cgroup for pid {pid}")
 
 
 def domain_objects(client: Client, name: str, nodes: list[str]) -> None:
@@ -101,15 +125,16 @@ def domain_objects(client: Client, name: str, nodes: list[str]) -> None:
         client.create(Pod(metadata=ObjectMeta(name=f"{name}-{i}", namespace="default"), spec=PodSpec(
             nodeSelector={"kubernetes.io/hostname": node},
             resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
-            containers=[Container(name="worker", image="registry.invalid/train:1",
+            containers=[Container(name="worker", image=nodeimages.WORKLOAD_IMAGE, command=["sleep", "1000000"],
                                   resources=ResourceRequirements(claims=[ContainerClaim(name="channel")]))])))
 
 
 def main() -> int:
+    runtime = "standin" if "--runtime=standin" in sys.argv[1:] else "containerd"
     results: dict[str, float] = {}
     state = Path(tempfile.mkdtemp(prefix="nvlb-", dir="/tmp"))
     cp = ControlPlane(state_dir=state, ports=free_ports(), racks=1, nodes_per_rack=2, first_rack=RACK,
-                      real_kubelets=1, progress=lambda m: None)
+                      real_kubelets=1, runtime=runtime, progress=say)
     t0 = time.monotonic()
     cp.up()
     results["real_up_s"] = round(time.monotonic() - t0, 2)
@@ -134,7 +159,7 @@ def main() -> int:
         name = f"b-{uuid.uuid4().hex[:5]}"
         t0 = time.monotonic()
         domain_objects(client, name, [simulated, real])
-        pending = {0: "sim", 1: "real"}
+        pending = {0: "standin_first", 1: "containerd_first" if runtime == "containerd" else "real"}
         while pending and time.monotonic() - t0 < 120:
             for i, key in list(pending.items()):
                 pod = client.get(Pod, f"{name}-{i}", namespace="default")
@@ -148,6 +173,12 @@ def main() -> int:
         results["real_kubelet_rss_mb"] = rss_mb(pids["kubelet"])
         results["real_runtime_rss_mb"] = rss_mb(pids["runtime"])
         (real_node,) = cp.real_nodes()
+        if runtime == "containerd":
+            results["node_image_mb"] = nodeimages.node_image(say).size_mb
+            eventually("the domain to be Ready", lambda: (client.get(ComputeDomain, name, namespace="default").status
+                                                          or {}).get("phase") == "Ready", timeout=120)
+            results["agent_container_memory_mb"] = container_memory_mb(real_node, faults.AGENT_COMMAND)
+            results["keeper_container_memory_mb"] = container_memory_mb(real_node, [b"nvlfabric-imex-keeper"])
         t0 = time.monotonic()
         say(faults.inject(state, real_node, "agent-killed"))
         eventually("the agent to be restarted and Ready", lambda: (

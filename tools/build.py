@@ -244,10 +244,14 @@ def containerd_recipe(tool: Tool, out: Path) -> list[Step]:
 
 
 def runc_recipe(tool: Tool, out: Path) -> list[Step]:
-    """runc needs cgo (its nsenter runs before the Go runtime starts); no seccomp tag: no libseccomp."""
+    """runc needs cgo (its nsenter runs before the Go runtime starts) and, with the `seccomp` tag as a
+    node's runc has it, libseccomp (Debian's libseccomp-dev, `make sysdeps`): pods that ask for the
+    RuntimeDefault seccomp profile (nvlfabric's controller does) fail to start on a runc without it."""
+    if not Path("/usr/include/seccomp.h").is_file():
+        raise BuildError("runc: /usr/include/seccomp.h is missing; `make sysdeps` installs Debian's libseccomp-dev")
     env = go_env()
     env["CGO_ENABLED"] = "1"
-    return [Step("go build runc (cgo)", ["go", "build", "-trimpath", "-ldflags",
+    return [Step("go build runc (cgo, seccomp)", ["go", "build", "-trimpath", "-tags", "seccomp", "-ldflags",
                                          f"-s -w -X main.version={tool.version.removeprefix('v')}",
                                          "-o", str(out / "runc"), "github.com/opencontainers/runc"], tool.wrapper, env)]
 

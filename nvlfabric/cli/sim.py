@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the last N nodes with the real kubelet (built by `make tools`) against nvlfabric's "
                          "CRI runtime stand-in instead of the simulated kubelet; each needs a non-loopback "
                          "address of this machine (see nvlfabric/sim/realnode.py)")
+    up.add_argument("--runtime", choices=["standin", "containerd"], default="standin",
+                    help="the real-kubelet nodes' container runtime: standin (default; nvlfabric's CRI stand-in) or "
+                         "containerd (containerd and runc built by `make tools`, running the node image built "
+                         "from deploy/Dockerfile with buildah: needs a checkout, `make sysdeps` and the "
+                         "namespaced pod network; see nvlfabric/sim/containerdnode.py)")
     up.add_argument("--hollow-racks", type=int, default=0, metavar="N",
                     help="make the last N racks hollow: their nodes run no agent or IMEX keeper process, an "
                          "in-process stand-in writes what the agent would (fleet-size clusters on one machine; "
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             cp.racks, cp.nodes_per_rack, cp.first_rack = args.racks, args.nodes_per_rack, args.first_rack
             cp.workload_scheduling = args.workload_scheduling
             cp.real_kubelets = args.real_kubelets
+            cp.runtime = args.runtime
             cp.hollow_racks = args.hollow_racks
             cp.pod_network = args.pod_network
             try:

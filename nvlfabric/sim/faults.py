@@ -70,7 +70,10 @@ def inject(state_dir: Path, node: SimNode, fault: str, gpus: list[int] | None = 
 
 def _agent_pids(node: SimNode) -> list[int]:
     """Host pids of the node's agent containers: from the simulated kubelet's pid files, or, on
-    a real-kubelet node, from its runtime's (numbered in the node's PID namespace)."""
+    a real-kubelet node, from its runtime's (numbered in the node's PID namespace), or on a
+    containerd node the node's processes that run the agent's command (the image's entrypoint)."""
+    if (node.real_kubelet_dir / "containerd").is_dir():
+        return [pid for pid in _processes(AGENT_COMMAND) if node.runs(pid)]
     pids = []
     for pid_file in sorted((node.dir / "pods").glob("*/agent.pid")):
         with contextlib.suppress(ValueError, OSError):
@@ -82,6 +85,24 @@ def _agent_pids(node: SimNode) -> list[int]:
             if (pid := node.host_pid(ns_pid)) is not None:
                 pids.append(pid)
     return pids
+
+
+#: The node image's ENTRYPOINT and the agent DaemonSet's args (deploy/Dockerfile, the driver manifest).
+AGENT_COMMAND = [b"python", b"-m", b"nvlfabric", b"agent"]
+
+
+def _processes(argv: list[bytes]) -> list[int]:
+    """Host pids whose command line is `argv` (its program by base name)."""
+    found = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                cmd = Path(entry.path, "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                if len(cmd) == len(argv) and os.path.basename(cmd[0]) == argv[0] and cmd[1:] == argv[1:]:
+                    found.append(int(entry.name))
+    return found
 
 
 def _kill_agents(node: SimNode) -> str:

@@ -175,9 +175,22 @@ NODE_FILE = "nvlfabric-node.conf"
 when its environment does not say (a process started with `env -i`, as a real driver's tools are)."""
 
 
-def write_node_identity(state_dir: Path, node: SimNode) -> Path:
-    """The node's own file saying which node it is (what `node_env` says, for a clean environment)."""
+#: Where a node whose containers have their own root (a containerd node) sees the simulator's NVML
+#: files: bound from the state directory's nvml/ under its driver root (`/run/nvidia/driver` on
+#: the node, hostPath-mounted, recursively, into the containers that read NVML).
+NVML_FILES_IN_DRIVER_ROOT = "var/lib/nvlfabric-sim/nvml"
+
+
+def write_node_identity(state_dir: Path, node: SimNode, *, seen_under: Path | None = None) -> Path:
+    """The node's own file saying which node it is (what `node_env` says, for a clean environment).
+    With `seen_under` (the driver root's path on the node), the files it names are given as the
+    node's containers see them there (NVML_FILES_IN_DRIVER_ROOT), not as paths of this machine."""
     env = node_env(state_dir, node)
+    if seen_under is not None:
+        nvml_dir = topology_path(state_dir).parent
+        (node.driver_root / NVML_FILES_IN_DRIVER_ROOT).mkdir(parents=True, exist_ok=True)
+        env = {k: str(seen_under / NVML_FILES_IN_DRIVER_ROOT / Path(v).relative_to(nvml_dir))
+               if k != "NVLFABRIC_NVML_NODE" else v for k, v in env.items()}
     path = node.driver_root / DRIVER_ROOT_PATHS["libnvidia-ml.so.1"] / NODE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# {node.name}: written by nvlfabric-sim\ntopology={env['NVLFABRIC_NVML_TOPOLOGY']}\n"

@@ -13,6 +13,13 @@ reach, the pod at its IP. The simulator does the same with the kernel's own part
   on the bridge, and a default route through the gateway. The API server listens on the gateway
   too, which is where such a pod's KUBERNETES_SERVICE_HOST points.
 
+Services get a /24 of 10.0.0.0/12 per simulator (`10.0.<j>.0/24`), so the `kubernetes` Service's
+cluster IP (`10.0.<j>.1`) is this simulator's alone. Where pods take KUBERNETES_SERVICE_HOST from
+a real kubelet as it is (containerd nodes: nothing of ours stands between), `route_api_service`
+does kube-proxy's part for that one Service: a DNAT of `10.0.<j>.1:443` to the API server at the
+gateway, for the machine's own processes (hostNetwork pods) and for pods on the bridge, in an
+iptables chain of the simulator's own that `down` removes.
+
 `hostNetwork` pods (nvlfabric's agent and IMEX keeper) stay in the machine's namespace at their
 node's loopback address, as before. Pods reach each other and the machine's gateway address, not
 the nodes' loopback addresses (the kernel routes 127/8 nowhere but `lo`): which is why IMEX
@@ -28,6 +35,7 @@ import contextlib
 import fcntl
 import ipaddress
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,6 +72,15 @@ async def _aip(*args: str, stdin: str | None = None) -> None:
         raise PodNetworkError(f"ip {' '.join(args)}: {err.decode(errors='replace').strip() or proc.returncode}")
 
 
+def _iptables(*args: str) -> None:
+    if shutil.which("iptables") is None:
+        raise PodNetworkError("iptables is not installed (Debian's iptables): containerd nodes need it to reach "
+                              "the API server at the `kubernetes` Service's address")
+    res = subprocess.run(["iptables", "-t", "nat", *args], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise PodNetworkError(f"iptables -t nat {' '.join(args)}: {res.stderr.strip() or res.returncode}")
+
+
 @dataclass(frozen=True)
 class PodNetwork:
     index: int
@@ -85,6 +102,19 @@ class PodNetwork:
     def prefix(self) -> str:
         """Of this simulator's network namespaces' names."""
         return f"{self.bridge}-"
+
+    @property
+    def service_range(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"10.0.{self.index}.0/24")
+
+    @property
+    def api_service_ip(self) -> str:
+        """The `kubernetes` Service's cluster IP: the range's first address, as the API server picks it."""
+        return str(self.service_range.network_address + 1)
+
+    @property
+    def nat_chain(self) -> str:
+        return f"NVLSIM{self.index}-SERVICES"
 
     def node_addresses(self, rack: int, index: int) -> list[str]:
         """The pod addresses of node `index` of rack `rack`, in the order they are handed out."""
@@ -118,8 +148,29 @@ class PodNetwork:
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
+    def route_api_service(self, port: int) -> None:
+        """`kubernetes` Service → the API server at the gateway's `port` (iptables nat; see above)."""
+        self._unroute()
+        rule = ["-d", f"{self.api_service_ip}/32", "-p", "tcp", "--dport", "443", "-j", "DNAT",
+                "--to-destination", f"{self.gateway}:{port}"]
+        _iptables("-N", self.nat_chain)
+        _iptables("-A", self.nat_chain, *rule)
+        for hook in ("OUTPUT", "PREROUTING"):
+            _iptables("-I", hook, "-j", self.nat_chain)
+
+    def _unroute(self) -> None:
+        if shutil.which("iptables") is None:
+            return
+        for hook in ("OUTPUT", "PREROUTING"):
+            while subprocess.run(["iptables", "-t", "nat", "-D", hook, "-j", self.nat_chain],
+                                 capture_output=True, check=False).returncode == 0:
+                pass
+        for op in ("-F", "-X"):
+            subprocess.run(["iptables", "-t", "nat", op, self.nat_chain], capture_output=True, check=False)
+
     def down(self) -> None:
-        """Every pod namespace of this simulator, then its bridge."""
+        """Every pod namespace of this simulator, its Service routes, then its bridge."""
+        self._unroute()
         for ip in self.in_use():
             with contextlib.suppress(PodNetworkError):
                 _ip("netns", "delete", self.namespace(ip))

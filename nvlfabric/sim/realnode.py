@@ -16,6 +16,13 @@ of its own:
   real-kubelet node needs an address of its own: pods there listen on it (the agent's health
   and metrics ports), and two nodes on one address would collide.
 
+The runtime is nvlfabric's CRI stand-in, or with `--runtime containerd` containerd and runc
+(sim/containerdnode.py), which run the images built for real (testbed/nodeimages.py) with the
+node's pods on the simulator's pod network (CNI) and its cluster DNS (`clusterDNS`). Such a
+node's containers have roots of their own, so what its NVML stand-in reads (the topology and the
+node's fault file) is bound into its driver root (hardware.NVML_FILES_IN_DRIVER_ROOT) and its
+identity file names them there.
+
 The kubelet authenticates as `system:node:<name>` with a certificate of the cluster CA (Node
 authorization and NodeRestriction apply to it, as on a cluster), serves its API with one the API
 server trusts, and runs from an empty scratch directory. Its node advertises the 4 GPUs as
@@ -39,8 +46,8 @@ from typing import Any
 import yaml
 
 from nvlfabric.api import names
-from nvlfabric.sim import pki
-from nvlfabric.sim.cri.machine import MachineSettings
+from nvlfabric.sim import containerdnode, hardware, pki
+from nvlfabric.sim.cri.machine import ContainerdSettings, MachineSettings
 from nvlfabric.sim.cri.runtime import RuntimeSettings
 from nvlfabric.sim.images import ImageProgram
 from nvlfabric.sim.nodes import SimNode, node_labels
@@ -53,6 +60,8 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 KMSG = {"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11, "fileMode": 0o644}
 REAL_KUBELET_LABEL = "nvlfabric.io/kubelet"
 SIOCGIFADDR = 0x8915
+DRIVER_ROOT = Path("/run/nvidia/driver")
+CLUSTER_DOMAIN = "cluster.local"
 
 
 class RealKubeletError(ValueError):
@@ -112,12 +121,39 @@ class RealNode:
     def kubelet_log(self) -> Path:
         return self.dir / "kubelet.log"
 
+    @property
+    def containerd(self) -> containerdnode.ContainerdDirs:
+        return containerdnode.ContainerdDirs(self.dir / "containerd")
 
-def kubelet_config(real: RealNode, pki_dir: Path, serving: tuple[Path, Path]) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class Containerd:
+    """What a containerd node runs: the tools by path, the image archives, its pod network."""
+
+    containerd: Path
+    ctr: Path
+    runc: Path
+    cni_bin: Path
+    images: list[Path]
+    pause_image: str
+    network: containerdnode.PodNetworkBlock
+    dns: str
+    """The cluster DNS's address (sim/clusterdns.py, at the pod network's gateway)."""
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where containerd finds containerd-shim-runc-v2 (beside itself)."""
+        return self.containerd.parent
+
+
+def kubelet_config(real: RealNode, pki_dir: Path, serving: tuple[Path, Path],
+                   containerd: Containerd | None = None) -> dict[str, Any]:
     """The KubeletConfiguration: what this host needs (cgroup v1 allowed, no QoS cgroups, no swap
-    check, the kernel tunables left to their stand-in files) and ports of its own."""
-    endpoint = f"unix://{real.cri_socket}"
-    return {
+    check, the kernel tunables left to their stand-in files) and ports of its own; on a containerd
+    node, containerd's socket and the cluster DNS (the stand-in writes pods' resolv.conf itself)."""
+    endpoint = f"unix://{real.containerd.socket if containerd else real.cri_socket}"
+    dns = {"clusterDNS": [containerd.dns], "clusterDomain": CLUSTER_DOMAIN} if containerd else {}
+    return {**dns,
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "containerRuntimeEndpoint": endpoint, "imageServiceEndpoint": endpoint,
         "address": real.address, "port": free_port(real.address), "readOnlyPort": 0,
@@ -162,21 +198,29 @@ def _gpu_devices(node: SimNode) -> list[dict[str, Any]]:
 
 
 def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, shim: Path, server: str, images: dict[str, ImageProgram],
-            hardware_env: dict[str, str], labels: dict[str, str], pidns: str) -> Path:
+            hardware_env: dict[str, str], labels: dict[str, str], pidns: str,
+            containerd: Containerd | None = None) -> Path:
     """Write everything the node's machine needs; returns the machine's spec (for rootfs.py)."""
     node = real.node
     real.dir.mkdir(parents=True, exist_ok=True)
     serving = pki.node_serving(pki_dir, node.name, real.address, real.dir / "pki")
     client = pki.node_client(pki_dir, node.name, real.dir / "pki")
     (real.dir / "kubeconfig").write_text(yaml.safe_dump(kubeconfig(server, pki_dir / "ca.crt", client, node.name)))
-    (real.dir / "kubelet-config.yaml").write_text(yaml.safe_dump(kubelet_config(real, pki_dir, serving)))
+    (real.dir / "kubelet-config.yaml").write_text(yaml.safe_dump(kubelet_config(real, pki_dir, serving, containerd)))
     mounts = [
         {"source": str(node.kubelet_root), "target": "/var/lib/kubelet"},
         {"source": str(node.cdi_dirs[0]), "target": "/etc/cdi"},
         {"source": str(node.cdi_dirs[1]), "target": "/var/run/cdi"},
-        {"source": str(node.driver_root), "target": "/run/nvidia/driver"},
+        {"source": str(node.driver_root), "target": str(DRIVER_ROOT)},
         {"source": str(node.proc_devices), "target": "/proc/devices"},
     ]
+    if containerd is not None:
+        # The NVML stand-in's files, where the node's containers see them (its identity file says so).
+        nvml_dir = Path(hardware_env["NVLFABRIC_NVML_TOPOLOGY"]).parent
+        hardware.write_node_identity(nvml_dir.parent, node, seen_under=DRIVER_ROOT)
+        mounts.append({"source": str(nvml_dir), "target": str(DRIVER_ROOT / hardware.NVML_FILES_IN_DRIVER_ROOT)})
+        containerdnode.write(real.containerd, runc=containerd.runc, cni_bin=containerd.cni_bin,
+                             pause_image=containerd.pause_image, block=containerd.network)
     tunables = real.dir / "sysctl"
     for name in KERNEL_TUNABLES:
         stand_in = tunables / name.replace("/", ".")
@@ -187,12 +231,18 @@ def prepare(real: RealNode, *, pki_dir: Path, kubelet: Path, shim: Path, server:
             continue  # not on this kernel: the kubelet will not find it either
         mounts.append({"source": str(stand_in), "target": f"/proc/sys/{name}"})
     api = server.removeprefix("https://").rsplit(":", 1)
+    dirs = real.containerd
     settings = MachineSettings(
         node=node.name,
-        runtime=RuntimeSettings(socket=real.cri_socket, work_dir=real.dir / "runtime", records_dir=node.containers_dir,
-                                cdi_dirs=[Path("/etc/cdi"), Path("/var/run/cdi")], images=images, env=hardware_env,
-                                pod_ip=real.address, shim=shim,
-                                service_env={"KUBERNETES_SERVICE_HOST": api[0], "KUBERNETES_SERVICE_PORT": api[1]}),
+        runtime=None if containerd else RuntimeSettings(
+            socket=real.cri_socket, work_dir=real.dir / "runtime", records_dir=node.containers_dir,
+            cdi_dirs=[Path("/etc/cdi"), Path("/var/run/cdi")], images=images, env=hardware_env, pod_ip=real.address,
+            shim=shim, service_env={"KUBERNETES_SERVICE_HOST": api[0], "KUBERNETES_SERVICE_PORT": api[1]}),
+        containerd=ContainerdSettings(
+            argv=[str(containerd.containerd), "--config", str(dirs.config)], socket=dirs.socket, log=dirs.log,
+            ctr=containerd.ctr, images=containerd.images,
+            path=f"{containerd.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ) if containerd else None,
         kubelet_argv=[str(kubelet), f"--config={real.dir / 'kubelet-config.yaml'}",
                       f"--kubeconfig={real.dir / 'kubeconfig'}", "--root-dir=/var/lib/kubelet",
                       f"--cert-dir={real.dir / 'pki'}", f"--hostname-override={node.name}",

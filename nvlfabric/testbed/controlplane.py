@@ -75,6 +75,10 @@ class ControlPlane:
     real_kubelets: int = 0
     """How many of the nodes (the last ones that are not hollow) the real kubelet runs, against
     nvlfabric's CRI stand-in (nvlfabric/sim/realnode.py); the simulated kubelet runs the others."""
+    runtime: str = "standin"
+    """The real-kubelet nodes' container runtime: "standin" (nvlfabric/sim/cri), or "containerd":
+    containerd and runc (built by `make tools`) running the node image built from deploy/Dockerfile
+    (testbed/nodeimages.py; needs a checkout, buildah and mmdebstrap, and the pod network)."""
     hollow_racks: int = 0
     """How many of the racks (the last ones) are hollow (nvlfabric/sim/kubelet/hollow.py): their
     nodes cost the simulated kubelet's bookkeeping only, no agent or keeper process. The others
@@ -147,6 +151,7 @@ class ControlPlane:
                                                                         state.first_rack)
                     self.workload_scheduling = state.workload_scheduling
                     self.real_kubelets = state.real_kubelets
+                    self.runtime = state.runtime
                     self.hollow_racks = state.hollow_racks
                     self.addons = tuple(state.addons)
                     return False
@@ -154,18 +159,22 @@ class ControlPlane:
                 self._stop_all(state)
             tools = load_tools()
             if self.real_kubelets:
-                realkubelets.check(self.real_kubelets, len([n for n in self.nodes() if not n.hollow]), tools)
+                realkubelets.check(self.real_kubelets, len([n for n in self.nodes() if not n.hollow]), tools,
+                                   runtime=self.runtime, pod_network=self.pod_network)
             runstate.check_free(self.ports)
             started = time.monotonic()
             net = podnet.claim(self.state_dir, self.pod_network, self.progress)
-            token = pki.generate(self.state_dir / "pki", extra_ips=(net.gateway,) if net else ())
+            if net is not None and self.real_kubelets and self.runtime == "containerd":
+                net.route_api_service(self.ports.apiserver)
+            token = pki.generate(self.state_dir / "pki",
+                                 extra_ips=(net.gateway, net.api_service_ip) if net else ())
             self._write_kubeconfig(token)
             self.backend_dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
             state = State(ports=self.ports, token=token, processes=[], started_at=time.time(),
                           racks=self.racks, nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
                           workload_scheduling=self.workload_scheduling, real_kubelets=self.real_kubelets,
-                          hollow_racks=self.hollow_racks, addons=list(self.addons),
+                          runtime=self.runtime, hollow_racks=self.hollow_racks, addons=list(self.addons),
                           pod_network=net.index if net else None)
             run = self._launcher(state)
             try:
@@ -202,10 +211,11 @@ class ControlPlane:
                                     nodes_per_rack=self.nodes_per_rack, first_rack=self.first_rack,
                                     hollow_racks=self.hollow_racks, images=self.images, exclude=real,
                                     gpus_by_dra=self.gpu_devices == "DRA")
+        images = realkubelets.build_images(self.progress) if real and self.runtime == "containerd" else None
         for node, address in zip(real, realnode.node_addresses(len(real)), strict=True):
             realkubelets.start(run, tools, realnode.RealNode(node=node, address=address),
                                shim=built["nvlfabric-shim"], images=self.images,
-                               gpus_by_dra=self.gpu_devices == "DRA")
+                               gpus_by_dra=self.gpu_devices == "DRA", containerd_images=images)
         simracks.wait_ready(run, {n.name for n in nodes})
 
     def _write_kubeconfig(self, token: str) -> None:

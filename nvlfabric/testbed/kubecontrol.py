@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from nvlfabric.sim import podnetwork
 from nvlfabric.sim.paths import Tools
 from nvlfabric.testbed.apihttp import http_ok
 from nvlfabric.testbed.launcher import Launcher
@@ -67,6 +68,10 @@ def _start_etcd(run: Launcher, tools: Tools, p: Ports) -> None:
     run.wait("etcd /health", lambda: http_ok(f"http://127.0.0.1:{p.etcd_client}/health"))
 
 
+def service_range(pod_network: int | None) -> str:
+    return str(podnetwork.PodNetwork(pod_network).service_range) if pod_network is not None else "10.0.0.0/24"
+
+
 def _start_apiserver(run: Launcher, tools: Tools, p: Ports, *, workload_scheduling: bool) -> None:
     pki_dir = run.state_dir / "pki"
     run.launch("kube-apiserver", _gated([
@@ -86,7 +91,8 @@ def _start_apiserver(run: Launcher, tools: Tools, p: Ports, *, workload_scheduli
         f"--kubelet-client-certificate={pki_dir / 'kubelet-client.crt'}",
         f"--kubelet-client-key={pki_dir / 'kubelet-client.key'}",
         f"--kubelet-certificate-authority={pki_dir / 'ca.crt'}",
-        "--service-cluster-ip-range=10.0.0.0/24",
+        # With a pod network, a Service range of the simulator's own (podnetwork.PodNetwork).
+        f"--service-cluster-ip-range={service_range(run.state.pod_network)}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki_dir / 'sa.pub'}",
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",

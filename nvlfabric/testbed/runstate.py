@@ -67,6 +67,7 @@ class State(BaseModel):
     nodes_ready_s: float | None = None
     workload_scheduling: bool = False
     real_kubelets: int = 0
+    runtime: str = "standin"
     hollow_racks: int = 0
     addons: list[str] = []
     pod_network: int | None = None

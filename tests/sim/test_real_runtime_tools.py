@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nvlfabric.sim import containerdnode
 from nvlfabric.sim.paths import load_tools
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (make sysdeps)
@@ -58,27 +59,14 @@ def test_runc_runs_a_container_from_a_busybox_rootfs(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def containerd(tmp_path: Path) -> Iterator[Path]:
-    """containerd on a root, state and socket of its own (containerd's own config format, v3)."""
-    sock = tmp_path / "containerd.sock"
-    config = tmp_path / "config.toml"
-    config.write_text(f'''version = 3
-root = "{tmp_path / 'root'}"
-state = "{tmp_path / 'state'}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[plugins."io.containerd.cri.v1.runtime"]
-  enable_cdi = true
-  cdi_spec_dirs = ["{tmp_path / 'cdi'}"]
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-  BinaryName = "{tool('runc')}"
-[plugins."io.containerd.cri.v1.runtime".cni]
-  bin_dirs = ["{cni_dir()}"]
-  conf_dir = "{tmp_path / 'cni'}"
-''')
+    """containerd on a root, state and socket of its own, from the config a containerd node of the
+    simulator runs with (sim/containerdnode.py: containerd's own format, v3)."""
+    dirs = containerdnode.ContainerdDirs(tmp_path)
+    block = containerdnode.PodNetworkBlock(bridge="nvlsimtest", subnet="10.240.0.0/12", gateway="10.240.0.1",
+                                           first="10.240.0.130", last="10.240.0.254")
+    containerdnode.write(dirs, runc=tool("runc"), cni_bin=cni_dir(), pause_image="localhost/nvlfabric-sim/pause:1",
+                         block=block)
+    sock, config = dirs.socket, dirs.config
     log = (tmp_path / "containerd.log").open("w")
     proc = subprocess.Popen([str(tool("containerd")), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:

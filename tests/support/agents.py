@@ -24,10 +24,12 @@ from nvlfabric.sim.nodes import SimNode
 
 
 def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str, object] | None = None, *,
-                     gpus: int = 0) -> str:
+                     gpus: int = 0, image: str = "registry.invalid/train:1", command: list[str] | None = None) -> str:
     """A ComputeDomain, its shared channel claim (as the provider creates them) and a pod per node;
     returns the domain's UID. `gpus`: each pod asks for that many nvidia.com/gpu and waits behind
-    the reservation gate for the controller to place it, as BoundJob's pods do."""
+    the reservation gate for the controller to place it, as BoundJob's pods do. `image` and
+    `command`: what the pods run (a simulated node runs nothing for an image it does not map; a
+    containerd node needs an image it holds)."""
     spec = spec or {}
     cd = client.create(ComputeDomainResource(metadata=ObjectMeta(name=name, namespace="default"), spec=spec))
     # The driver's admission policy admits a channel claim only as its domain's own (owned, configured).
@@ -38,7 +40,7 @@ def domain_with_pods(client: Client, name: str, nodes: list[str], spec: dict[str
             nodeSelector={"kubernetes.io/hostname": node},
             schedulingGates=[PodSchedulingGate(name=RESERVATION_GATE)] if gpus else None,
             resourceClaims=[PodResourceClaim(name="channel", resourceClaimName=f"{name}-channel")],
-            containers=[Container(name="worker", image="registry.invalid/train:1", resources=ResourceRequirements(
+            containers=[Container(name="worker", image=image, command=command, resources=ResourceRequirements(
                 claims=[ContainerClaim(name="channel")], limits={GPU_RESOURCE: str(gpus)} if gpus else None))])))
     return str(cd.metadata.uid)
 

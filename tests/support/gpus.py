@@ -30,9 +30,10 @@ def gpu_slice(client: Client, node: str) -> dict[str, Any] | None:
     return {d.name: [(t.key, t.value, t.effect) for t in d.taints or []] for d in s.spec.devices or []}
 
 
-def gpu_pod(client: Client, name: str, node: str, count: int) -> None:
+def gpu_pod(client: Client, name: str, node: str, count: int, *, image: str = "registry.invalid/train:1",
+            command: list[str] | None = None) -> None:
     """A claim for `count` GPUs of the node and a pod holding it, tolerating the node's fabric taint
-    (so only the device taints keep it from a sick GPU)."""
+    (so only the device taints keep it from a sick GPU); `image` and `command` what it runs."""
     client.create(ResourceClaim.from_dict({
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
@@ -41,7 +42,7 @@ def gpu_pod(client: Client, name: str, node: str, count: int) -> None:
         nodeSelector={"kubernetes.io/hostname": node},
         tolerations=[Toleration(key=names.FABRIC_UNHEALTHY_TAINT, operator="Exists", effect="NoSchedule")],
         resourceClaims=[PodResourceClaim(name="gpus", resourceClaimName=name)],
-        containers=[Container(name="worker", image="registry.invalid/train:1",
+        containers=[Container(name="worker", image=image, command=command,
                               resources=ResourceRequirements(claims=[ContainerClaim(name="gpus")]))])))
 
 

@@ -1,5 +1,5 @@
 // Wrapper module: builds runc, the OCI runtime containerd's shim runs containers with (cgo: its
-// nsenter; without the seccomp tag, so libseccomp is not needed).
+// nsenter; the seccomp tag, with Debian's libseccomp-dev).
 module nvlfabric.io/tools/runc
 
 go 1.26.0
