@@ -1,7 +1,8 @@
 """The real container runtime, built from its Go modules by tools/build.py (issue 52, item 1): runc
 runs a container from a busybox rootfs on this machine, and containerd starts on a root, state and
-socket of its own with its CRI plugin and CDI on, and answers `ctr`. What the real-kubelet nodes
-need of it before they can run on it; the nodes themselves come next (issue 52)."""
+socket of its own, from the config a containerd node runs with (CRI plugin, CDI on), and answers
+`ctr`: what a node needs of them, checked apart from a cluster (tests/sim/test_real_kubelet.py
+runs the node)."""
 
 from __future__ import annotations
 
