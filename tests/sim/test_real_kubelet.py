@@ -204,9 +204,13 @@ def test_a_domain_over_a_containerd_node_and_a_simulated_one(sim: tuple[ControlP
         before = {n: _agent(client, n).metadata.uid for n in names}  # type: ignore[union-attr]
         client.patch(DaemonSet, "nvlfabric-agent", {"spec": {"template": {"metadata": {"annotations": {
             "nvlfabric.io/rolled": name}}}}}, namespace="nvlfabric-system")
-        eventually("both agents replaced and Ready", lambda: all(
-            (a := _agent(client, n)).metadata.uid != before[n] and _ready(a) for n in names),  # type: ignore[union-attr]
-            timeout=180)
+        def replaced(node: str) -> bool:  # the old pod goes before the new one is made (maxUnavailable 1)
+            pods = [p for p in client.list(Pod, namespace="nvlfabric-system",
+                                           labels={"app.kubernetes.io/name": "nvlfabric-agent"})
+                    if p.spec is not None and p.spec.nodeName == node]
+            return len(pods) == 1 and pods[0].metadata.uid != before[node] and _ready(pods[0])  # type: ignore[union-attr]
+
+        eventually("both agents replaced and Ready", lambda: all(replaced(n) for n in names), timeout=180)
         eventually("health Healthy under the new agent", lambda: health("Healthy"), timeout=60)
         assert _container(client, f"{name}-1") == worker
         assert imex_daemon(real, clique)[0] == daemons
@@ -308,6 +312,35 @@ def test_down_stops_the_containerd_node_and_everything_it_ran(sim: tuple[Control
     assert not [c for c in cgroups if c.exists()], "the container's cgroups outlived it"
     assert not [n for n in netns if n.exists()], "the pod's network namespace outlived it"
     assert not (real.real_kubelet_dir / "containerd" / "ipam" / "nvlfabric-sim" / pod_ip).exists()
+
+
+def test_the_stand_in_runtime_still_runs_a_real_kubelet_node_and_down_ends_it() -> None:
+    """The default runtime of real-kubelet nodes (nvlfabric's CRI stand-in, `--runtime standin`):
+    the node registers with it, and `down` leaves no kubelet, runtime, container or namespace."""
+    state = Path(tempfile.mkdtemp(prefix="nvlr-", dir="/tmp"))
+    cp = ControlPlane(state_dir=state, ports=free_ports(), racks=1, nodes_per_rack=1, first_rack=RACK + 1,
+                      real_kubelets=1, progress=lambda m: None)
+    try:
+        cp.up()
+        (real,) = cp.real_nodes()
+        client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)))
+        info = client.get(Node, real.name).status.nodeInfo  # type: ignore[union-attr]
+        client.close()
+        assert info is not None and info.containerRuntimeVersion == "nvlfabric-sim://0.1.0"
+        assert info.kubeletVersion == "v1.37.2"
+        init = int(real.machine_pid_file.read_text())
+        ns = os.readlink(f"/proc/{init}/ns/pid")
+        in_machine = [p for p in os.listdir("/proc") if p.isdigit() and _pid_ns(p) == ns]
+        assert len(in_machine) >= 3  # its init, the runtime, the kubelet
+    finally:
+        cp.down()
+        shutil.rmtree(state, ignore_errors=True)
+    # The kernel ends the namespace's processes once its first one is killed; they go within moments.
+    eventually("nothing left in the node's PID namespace", lambda: not [
+        p for p in os.listdir("/proc") if p.isdigit() and _pid_ns(p) == ns], timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(init, 0)
+        pytest.fail(f"the machine's first process {init} outlived `down`")
 
 
 def _pid_ns(pid: str) -> str:
