@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nvlfabric.testbed import nodeimages
+from nvlfabric.sim.paths import Tools, load_tools
+from nvlfabric.testbed import nodeimages, realkubelets
+from nvlfabric.testbed.runstate import ControlPlaneError
 
 
 @pytest.mark.parametrize(("asked", "stored"), [
@@ -51,3 +53,15 @@ def test_the_node_images_key_follows_the_sources_it_copies_and_nothing_else(tmp_
 def test_a_missing_dockerfile_says_a_checkout_is_needed(tmp_path: Path) -> None:
     with pytest.raises(nodeimages.ImageBuildError, match="needs an nvlfabric checkout"):
         nodeimages.node_image(lambda _: None, repo=tmp_path)
+
+
+def test_containerd_nodes_refuse_what_they_cannot_run_on_naming_the_fix() -> None:
+    """`up --real-kubelets N --runtime containerd` is checked before anything starts."""
+    tools = load_tools()
+    with pytest.raises(ControlPlaneError, match="leave --pod-network namespaced"):
+        realkubelets.check(1, 2, tools, runtime="containerd", pod_network="host")
+    with pytest.raises(ControlPlaneError, match=r"--runtime 'cri-o': give one of standin, containerd"):
+        realkubelets.check(1, 2, tools, runtime="cri-o")
+    bare = Tools(bin_dir=tools.bin_dir, pulumi_home=tools.pulumi_home, versions=tools.versions, cni_dir=None)
+    with pytest.raises(ControlPlaneError, match="needs the CNI plugins: run `make tools`"):
+        realkubelets.check(1, 2, bare, runtime="containerd")
