@@ -28,12 +28,15 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import CascadeType
 
 from nvlfabric import manifests
 from nvlfabric.api.names import FABRIC_UNHEALTHY_TAINT, GPU_CDI_KIND
 from nvlfabric.api.release import __version__
+from nvlfabric.components.workload import BoundJobArgs, workload_manifests
 from nvlfabric.controller import pools
 from nvlfabric.controller.cache import ComputeDomainResource
 from nvlfabric.sim import faults, realnode
@@ -43,6 +46,7 @@ from nvlfabric.testbed.controlplane import ControlPlane, free_ports
 from tests.conftest import print_simulator_logs
 from tests.support.agents import domain_with_pods, imex_daemon, pod_gone
 from tests.support.gpus import allocated, gpu_health, gpu_pod, gpu_slice, running, set_agent_env
+from tests.support.onsim import single_clique_domain
 
 pytestmark = pytest.mark.cluster
 RACK = 241
@@ -226,6 +230,49 @@ def test_a_domain_over_a_containerd_node_and_a_simulated_one(sim: tuple[ControlP
     claim = client.get(ResourceClaim, f"{name}-channel", namespace="default")
     # no pod holds it any more (only its ComputeDomain does: the channel stays the domain's)
     assert claim.status is not None and not [r for r in claim.status.reservedFor or [] if r.resource == "pods"]
+
+
+def test_a_bound_jobs_pod_on_the_containerd_node_sees_its_launcher_environment_and_finds_rank_0(
+        sim: tuple[ControlPlane, Client]) -> None:
+    """The Job a BoundJob makes (as `pulumi up` applies it), one pod per node: on the containerd
+    node the real kubelet fills the rank from the pod's annotation (downward API), the container
+    holds its channel and the launcher's environment, and resolves rank 0's name through the
+    cluster DNS (`clusterDNS`) to rank 0's pod address."""
+    cp, client = sim
+    _, real = cp.nodes()
+    name = f"job-{uuid.uuid4().hex[:5]}"
+    single_clique_domain(client, name)
+    master = f"{name}-0.{name}.default.svc.cluster.local"
+    show = ["sh", "-c", "trap 'exit 0' TERM; ls -l /dev/nvidia-caps-imex-channels/; env | sort; "
+            f"nslookup {master}; echo shown; while :; do sleep 1; done"]
+    args = BoundJobArgs(name=name, parallelism=2, gpus_per_pod=4, pod_template={"spec": {"containers": [
+        {"name": "worker", "image": nodeimages.WORKLOAD_IMAGE, "command": show}]}})
+    try:
+        for obj in workload_manifests(args, namespace="default", claim_name=f"{name}-channel", domain=name):
+            client.create(codecs.from_dict(obj))
+        pods = eventually("the Job's pods to run, one per node", lambda: (
+            ps if len(ps := [p for p in client.list(Pod, namespace="default",
+                                                    labels={"batch.kubernetes.io/job-name": name})
+                             if p.status and p.status.phase == "Running"]) == 2 else None), timeout=180)
+        (here,) = [p for p in pods if p.spec is not None and p.spec.nodeName == real.name]
+        (rank0,) = [p for p in pods if p.spec is not None and p.spec.hostname == f"{name}-0"]
+        shown = _shown(client, here.metadata.name)  # type: ignore[union-attr,arg-type]
+        rank = here.metadata.annotations["batch.kubernetes.io/job-completion-index"]  # type: ignore[union-attr,index]
+        env = dict(ln.split("=", 1) for ln in shown if "=" in ln and not ln.startswith(("Name", "Address")))
+        assert {k: env.get(k) for k in ("NVLFABRIC_RANK", "RANK", "NVLFABRIC_WORLD_SIZE", "WORLD_SIZE",
+                                        "NVLFABRIC_MASTER_ADDR", "NVLFABRIC_MASTER_PORT")} == {
+            "NVLFABRIC_RANK": rank, "RANK": rank, "NVLFABRIC_WORLD_SIZE": "2", "WORLD_SIZE": "2",
+            "NVLFABRIC_MASTER_ADDR": f"{name}-0.{name}.default.svc", "NVLFABRIC_MASTER_PORT": "29500"}, shown
+        channel = env["NVLFABRIC_IMEX_CHANNEL"]
+        assert any(ln.startswith("c") and ln.endswith(f" channel{channel}") for ln in shown), shown
+        answers = [ln.split()[-1] for ln in shown[shown.index(next(ln for ln in shown if ln.startswith("Name:"))):]
+                   if ln.startswith("Address")]
+        assert rank0.status is not None and answers == [rank0.status.podIP], shown
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(Job, name, namespace="default", cascade=CascadeType.FOREGROUND)
+        eventually("the Job's pods to go", lambda: not list(client.list(
+            Pod, namespace="default", labels={"batch.kubernetes.io/job-name": name})), timeout=120)
 
 
 def test_the_real_kubelet_prepares_gpu_claims_and_shows_a_sick_gpu_in_the_pods_status(
