@@ -96,7 +96,7 @@ def _shown(client: Client, pod: str) -> list[str]:
         lines = [ln.rstrip("\n") for ln in client.log(pod, namespace="default")]
         return lines if "shown" in lines else None
 
-    return eventually(f"pod {pod} to show its devices and environment", printed, timeout=60)
+    return eventually(f"pod {pod} to show its devices and environment", printed, timeout=90)
 
 
 def _container(client: Client, pod: str, namespace: str = "default") -> tuple[str, int]:
@@ -243,8 +243,11 @@ def test_a_bound_jobs_pod_on_the_containerd_node_sees_its_launcher_environment_a
     name = f"job-{uuid.uuid4().hex[:5]}"
     single_clique_domain(client, name)
     master = f"{name}-0.{name}.default.svc.cluster.local"
+    # Rank 0's name resolves once its pod has an address in the headless Service's endpoints: as a
+    # launcher's rendezvous does, ask again until it answers (60 s at most).
     show = ["sh", "-c", "trap 'exit 0' TERM; ls -l /dev/nvidia-caps-imex-channels/; env | sort; "
-            f"nslookup {master}; echo shown; while :; do sleep 1; done"]
+            f"for i in $(seq 60); do out=$(nslookup {master} 2>&1); case \"$out\" in *Name:*) break;; esac; "
+            "sleep 1; done; echo \"$out\"; echo shown; while :; do sleep 1; done"]
     args = BoundJobArgs(name=name, parallelism=2, gpus_per_pod=4, pod_template={"spec": {"containers": [
         {"name": "worker", "image": nodeimages.WORKLOAD_IMAGE, "command": show}]}})
     try:
