@@ -105,7 +105,7 @@ def machine_pids(cp: ControlPlane, name: str) -> dict[str, int]:
 
 def container_memory_mb(node: SimNode, argv: list[bytes]) -> float:
     """What the memory cgroup of the node's container running `argv` counts."""
-    (pid,) = [p for p in faults._processes(argv) if node.runs(p)]
+    (pid,) = [p for p in faults.processes_running(argv) if node.runs(p)]
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # cgroup v1

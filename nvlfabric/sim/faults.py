@@ -73,7 +73,7 @@ def _agent_pids(node: SimNode) -> list[int]:
     a real-kubelet node, from its runtime's (numbered in the node's PID namespace), or on a
     containerd node the node's processes that run the agent's command (the image's entrypoint)."""
     if (node.real_kubelet_dir / "containerd").is_dir():
-        return [pid for pid in _processes(AGENT_COMMAND) if node.runs(pid)]
+        return [pid for pid in processes_running(AGENT_COMMAND) if node.runs(pid)]
     pids = []
     for pid_file in sorted((node.dir / "pods").glob("*/agent.pid")):
         with contextlib.suppress(ValueError, OSError):
@@ -91,7 +91,7 @@ def _agent_pids(node: SimNode) -> list[int]:
 AGENT_COMMAND = [b"python", b"-m", b"nvlfabric", b"agent"]
 
 
-def _processes(argv: list[bytes]) -> list[int]:
+def processes_running(argv: list[bytes]) -> list[int]:
     """Host pids whose command line is `argv` (its program by base name)."""
     found = []
     with os.scandir("/proc") as entries:
